@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// orders is the bundled demo upstream: a tiny, deliberately non-idempotent
+// "orders" service. Every POST creates a new order, so a duplicate is
+// visible in GET /orders and GET /stats.
+type orders struct {
+	mu     sync.Mutex
+	nextID int
+	list   []order
+}
+
+type order struct {
+	ID        int             `json:"id"`
+	Item      json.RawMessage `json:"request"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+func (o *orders) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", o.create)
+	mux.HandleFunc("GET /orders", o.index)
+	mux.HandleFunc("GET /stats", o.stats)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	return mux
+}
+
+// create makes an order. ?delay=2s makes it slow (to show 409 in
+// progress and timeouts); ?fail=500 makes it answer that status without
+// creating anything.
+func (o *orders) create(w http.ResponseWriter, r *http.Request) {
+	if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil && d > 0 && d <= time.Minute {
+		time.Sleep(d)
+	}
+	if code, err := strconv.Atoi(r.URL.Query().Get("fail")); err == nil && code >= 400 && code <= 599 {
+		http.Error(w, "demo failure requested", code)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, "cannot read body", http.StatusBadRequest)
+		return
+	}
+	if !json.Valid(body) {
+		body, _ = json.Marshal(string(body))
+	}
+	o.mu.Lock()
+	o.nextID++
+	ord := order{ID: o.nextID, Item: body, CreatedAt: time.Now().UTC()}
+	o.list = append(o.list, ord)
+	o.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/orders/%d", ord.ID))
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(ord)
+}
+
+func (o *orders) index(w http.ResponseWriter, _ *http.Request) {
+	o.mu.Lock()
+	list := append([]order{}, o.list...)
+	o.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(list)
+}
+
+func (o *orders) stats(w http.ResponseWriter, _ *http.Request) {
+	o.mu.Lock()
+	n := len(o.list)
+	o.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]int{"orders_created": n})
+}
+
+// serveUntil serves h on ln until ctx ends.
+func serveUntil(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 70*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// runDemoUpstream serves only the demo orders service.
+func runDemoUpstream(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	addr := getenv("DEMO_LISTEN_ADDR")
+	if addr == "" {
+		addr = ":8081"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("DEMO_LISTEN_ADDR: %w", err)
+	}
+	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo upstream listening", "addr", ln.Addr().String())
+	return serveUntil(ctx, ln, (&orders{}).routes())
+}
+
+// runDemo runs the proxy with the memory store in front of an in-process
+// demo orders service, unless IDEMPROXY_UPSTREAM_URL names another one.
+func runDemo(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	upstream := getenv("IDEMPROXY_UPSTREAM_URL")
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if upstream == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		upstream = "http://" + ln.Addr().String()
+		go func() { errc <- serveUntil(ctx, ln, (&orders{}).routes()) }()
+	} else {
+		close(errc)
+	}
+	cfg, err := loadConfig(func(name string) string {
+		if name == "IDEMPROXY_UPSTREAM_URL" {
+			return upstream
+		}
+		return getenv(name)
+	})
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
+		"try", "curl -i -X POST localhost"+cfg.ListenAddr+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
+	err = serve(ctx, cfg, stdout)
+	cancel()
+	if uerr := <-errc; err == nil {
+		err = uerr
+	}
+	return err
+}

@@ -1,0 +1,209 @@
+// Command idemproxy is an HTTP reverse-proxy sidecar that makes retries
+// safe: a request carrying an Idempotency-Key takes effect upstream at most
+// once per (tenant, key).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idemproxy:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole program: it returns when ctx ends (after a graceful
+// shutdown) or on the first fatal error.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := ""
+	if len(args) > 1 {
+		cmd = args[1]
+	}
+	switch cmd {
+	case "", "serve":
+		cfg, err := loadConfig(getenv)
+		if err != nil {
+			return fmt.Errorf("configuration: %w", err)
+		}
+		return serve(ctx, cfg, stdout)
+	case "demo":
+		return runDemo(ctx, getenv, stdout)
+	case "demo-upstream":
+		return runDemoUpstream(ctx, getenv, stdout)
+	case "version":
+		fmt.Fprintln(stdout, "idemproxy", versionString())
+		return nil
+	case "-h", "--help", "help":
+		printHelp(stdout)
+		return nil
+	default:
+		printHelp(stderr)
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
+	level, _ := parseLevel(cfg.LogLevel)
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// serve runs the proxy and admin listeners until ctx ends, then drains:
+// readiness turns false, no new connections are accepted, and in-flight
+// commands finish and record before the store is closed.
+func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
+	log := newLogger(cfg, stdout)
+
+	st, closeStore, err := openStore(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	tc, err := cfg.tenancyConfig(log)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	// The JWKS refresher lives as long as the process, past ctx's end,
+	// so that draining requests can still verify tokens.
+	tenancyCtx, stopTenancy := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopTenancy()
+	resolver, err := tenancy.New(tenancyCtx, tc)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := proxy.NewMetrics(reg)
+	upstream, _ := url.Parse(cfg.UpstreamURL)
+	p, err := proxy.New(proxy.Config{
+		Upstream:        upstream,
+		Store:           st,
+		Tenancy:         resolver,
+		Mode:            proxy.Mode(cfg.Mode),
+		KeyTTL:          cfg.KeyTTL,
+		LockTimeout:     cfg.LockTimeout,
+		UpstreamTimeout: cfg.UpstreamTimeout,
+		StoreTimeout:    cfg.StoreTimeout,
+		RequireKey:      cfg.RequireKey,
+		MaxBodyBytes:    cfg.MaxBodyBytes,
+		ReplayMaxBytes:  cfg.ReplayMaxBytes,
+		Metrics:         metrics,
+		Logger:          log,
+	})
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	var draining atomic.Bool
+	admin := proxy.NewAdmin(proxy.AdminConfig{
+		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log,
+	})
+
+	proxyLn, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("IDEMPROXY_LISTEN_ADDR: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		proxyLn.Close()
+		return fmt.Errorf("IDEMPROXY_ADMIN_ADDR: %w", err)
+	}
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	proxySrv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          errLog,
+	}
+	adminSrv := &http.Server{
+		Handler:           admin,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          errLog,
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- proxySrv.Serve(proxyLn) }()
+	go func() { errc <- adminSrv.Serve(adminLn) }()
+	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"upstream", redactURL(upstream), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("listener: %w", err)
+	}
+
+	// Drain: a command in flight may take the whole upstream timeout plus
+	// its record write; give it that, then stop.
+	draining.Store(true)
+	log.Info("shutting down: draining in-flight requests")
+	grace := cfg.UpstreamTimeout + 2*cfg.StoreTimeout + 5*time.Second
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err = proxySrv.Shutdown(sctx)
+	if aerr := adminSrv.Shutdown(sctx); err == nil {
+		err = aerr
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// openStore builds the configured store and the function that closes it.
+func openStore(_ context.Context, cfg Config, _ *slog.Logger) (proxy.Store, func(), error) {
+	switch cfg.Store {
+	case "memory":
+		m := store.NewMemory(store.MemoryOptions{MaxEntries: cfg.MemoryMaxKeys})
+		return m, func() { m.Close() }, nil
+	default:
+		return nil, nil, fmt.Errorf("IDEMPROXY_STORE=%s is not available in this build", cfg.Store)
+	}
+}
+
+// redactURL hides any password in a URL before it is logged.
+func redactURL(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,92 @@
+package idemproxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// ProblemBase prefixes every problem type URI idemproxy emits.
+const ProblemBase = "https://idemproxy.dev/problems/"
+
+// ProblemType is one kind of error idemproxy itself answers with. Each has a
+// distinct type URI, a fixed title and a fixed status code.
+type ProblemType struct {
+	Slug   string
+	Title  string
+	Status int
+}
+
+// URI returns the RFC 9457 "type" member.
+func (t ProblemType) URI() string { return ProblemBase + t.Slug }
+
+// The problem types. Their slugs are public interface (README, "Problem types").
+var (
+	ProblemInvalidKey        = ProblemType{"invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest}
+	ProblemKeyRequired       = ProblemType{"key-required", "Idempotency-Key header required", http.StatusBadRequest}
+	ProblemTenantRequired    = ProblemType{"tenant-required", "Tenant required", http.StatusBadRequest}
+	ProblemInvalidTenant     = ProblemType{"invalid-tenant", "Invalid tenant", http.StatusBadRequest}
+	ProblemTenantConflict    = ProblemType{"tenant-conflict", "Tenant header conflicts with token", http.StatusBadRequest}
+	ProblemInvalidBody       = ProblemType{"invalid-body", "Request body could not be read", http.StatusBadRequest}
+	ProblemUnauthorized      = ProblemType{"unauthorized", "Invalid or missing bearer token", http.StatusUnauthorized}
+	ProblemNotFound          = ProblemType{"not-found", "Not found", http.StatusNotFound}
+	ProblemInProgress        = ProblemType{"in-progress", "Request in progress", http.StatusConflict}
+	ProblemReplay            = ProblemType{"replay", "Request already processed", http.StatusConflict}
+	ProblemBodyTooLarge      = ProblemType{"body-too-large", "Request body too large", http.StatusRequestEntityTooLarge}
+	ProblemKeyReused         = ProblemType{"key-reused", "Idempotency-Key reused with a different request", http.StatusUnprocessableEntity}
+	ProblemInternal          = ProblemType{"internal", "Internal error", http.StatusInternalServerError}
+	ProblemUpstreamUnreached = ProblemType{"upstream-unreachable", "Upstream could not be reached", http.StatusBadGateway}
+	ProblemUpstreamNoAnswer  = ProblemType{"upstream-no-response", "Upstream gave no response", http.StatusBadGateway}
+	ProblemUpstreamTimeout   = ProblemType{"upstream-timeout", "Upstream timed out", http.StatusGatewayTimeout}
+	ProblemStoreUnavailable  = ProblemType{"store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable}
+	ProblemStoreFull         = ProblemType{"store-full", "Idempotency store full", http.StatusServiceUnavailable}
+)
+
+// Problem is an RFC 9457 problem detail. It is also an error, so packages
+// can return it and let one place write it.
+type Problem struct {
+	Type   ProblemType
+	Detail string
+	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
+	RetryAfter int
+	// Extensions are extra members, such as command_id.
+	Extensions map[string]any
+}
+
+// NewProblem returns a problem of type t with the given detail.
+func NewProblem(t ProblemType, detail string) *Problem {
+	return &Problem{Type: t, Detail: detail}
+}
+
+// Error implements error with the detail, prefixed by the title.
+func (p *Problem) Error() string { return p.Type.Title + ": " + p.Detail }
+
+// WriteProblem writes p as application/problem+json. Headers already set on
+// w (such as Idempotent-Replayed) are kept.
+func WriteProblem(w http.ResponseWriter, p *Problem) {
+	body := make(map[string]any, 4+len(p.Extensions))
+	for k, v := range p.Extensions {
+		body[k] = v
+	}
+	body["type"] = p.Type.URI()
+	body["title"] = p.Type.Title
+	body["status"] = p.Type.Status
+	if p.Detail != "" {
+		body["detail"] = p.Detail
+	}
+	buf, err := json.Marshal(body)
+	if err != nil {
+		// Extensions are built by idemproxy from plain values; a failure
+		// here is a programming error, still answered as a problem.
+		buf = []byte(`{"type":"` + ProblemInternal.URI() + `","title":"Internal error","status":500}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(buf)))
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	w.WriteHeader(p.Type.Status)
+	_, _ = w.Write(buf)
+}

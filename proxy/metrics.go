@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of a request, the values of idemproxy_requests_total{outcome}.
+const (
+	OutcomePassthrough         = "passthrough"
+	OutcomeForwarded           = "forwarded"
+	OutcomeReplayed            = "replayed"
+	OutcomeConflictReplay      = "conflict_replay"
+	OutcomeInProgress          = "in_progress"
+	OutcomeFingerprintMismatch = "fingerprint_mismatch"
+	OutcomeRejected            = "rejected"
+	OutcomeStoreUnavailable    = "store_unavailable"
+	OutcomeUpstreamError       = "upstream_error"
+)
+
+// Metrics are the Prometheus collectors of one proxy. Their names are
+// public interface (SPEC §8, README "Metrics").
+type Metrics struct {
+	Requests            *prometheus.CounterVec
+	UpstreamDuration    prometheus.Histogram
+	StoreDuration       *prometheus.HistogramVec
+	RecordWriteFailures prometheus.Counter
+	LockLost            prometheus.Counter
+}
+
+// NewMetrics creates the collectors and registers them with reg; a nil reg
+// leaves them unregistered.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_requests_total",
+			Help: "Requests handled by the proxy listener, by outcome.",
+		}, []string{"outcome"}),
+		UpstreamDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemproxy_upstream_duration_seconds",
+			Help:    "Time from forwarding a request to the upstream's response headers (or error).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}),
+		StoreDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_store_duration_seconds",
+			Help:    "Duration of idempotency store operations, by op (claim, complete, release).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18),
+		}, []string{"op"}),
+		RecordWriteFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_record_write_failures_total",
+			Help: "Commands whose upstream answered 2xx but whose record could not be written; their key stays locked until the lease ends.",
+		}),
+		LockLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_lock_lost_total",
+			Help: "Completions or releases refused because the lock had expired and been claimed again or deleted.",
+		}),
+	}
+	for _, o := range []string{OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay,
+		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError} {
+		m.Requests.WithLabelValues(o)
+	}
+	for _, op := range []string{"claim", "complete", "release"} {
+		m.StoreDuration.WithLabelValues(op)
+	}
+	if reg != nil {
+		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost)
+	}
+	return m
+}

@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// reqInfo is filled in by the inner handlers and read by the access log.
+type reqInfo struct {
+	id        string
+	outcome   string
+	tenant    uuid.UUID
+	key       string
+	commandID uuid.UUID
+}
+
+type infoKey struct{}
+
+func infoFrom(ctx context.Context) *reqInfo {
+	if ri, ok := ctx.Value(infoKey{}).(*reqInfo); ok {
+		return ri
+	}
+	return &reqInfo{}
+}
+
+// RequestIDFromContext returns the request id given to a request.
+func RequestIDFromContext(ctx context.Context) string { return infoFrom(ctx).id }
+
+var (
+	reqPrefix  = fmt.Sprintf("%s-%d-", hostname(), os.Getpid())
+	reqCounter atomic.Uint64
+)
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "idemproxy"
+	}
+	return h
+}
+
+// requestID keeps a sane inbound X-Request-Id or makes one, and passes it
+// to the upstream and back to the client.
+func (p *Proxy) requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if !saneID(id) {
+			id = reqPrefix + strconv.FormatUint(reqCounter.Add(1), 10)
+			r.Header.Set("X-Request-Id", id)
+		}
+		w.Header().Set("X-Request-Id", id)
+		ri := &reqInfo{id: id, outcome: OutcomePassthrough}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), infoKey{}, ri)))
+	})
+}
+
+func saneID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		if s.status == 0 {
+			s.status = http.StatusOK
+		}
+		f.Flush()
+	}
+}
+
+// accessLog counts every request by outcome and writes one log line.
+func (p *Proxy) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		ri := infoFrom(r.Context())
+		if p.checked(r) {
+			// Tenancy refuses checked requests before idempotency
+			// records an outcome; every later path sets its own.
+			ri.outcome = OutcomeRejected
+		}
+		defer func() {
+			p.metrics.Requests.WithLabelValues(ri.outcome).Inc()
+			if !p.log.Enabled(r.Context(), slog.LevelInfo) {
+				return
+			}
+			attrs := []slog.Attr{
+				slog.String("request_id", ri.id),
+				slog.String("method", r.Method),
+				slog.String("path", r.URL.Path),
+				slog.Int("status", sw.status),
+				slog.String("outcome", ri.outcome),
+				slog.Duration("duration", time.Since(start)),
+			}
+			if ri.tenant != uuid.Nil {
+				attrs = append(attrs, slog.String("tenant", ri.tenant.String()))
+			}
+			if ri.key != "" {
+				attrs = append(attrs, slog.String("idempotency_key", ri.key))
+			}
+			if ri.commandID != uuid.Nil {
+				attrs = append(attrs, slog.String("command_id", ri.commandID.String()))
+			}
+			p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// recover turns a panic into a 500 problem, except http.ErrAbortHandler,
+// which aborts the response as net/http intends.
+func (p *Proxy) recover(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			p.log.ErrorContext(r.Context(), "panic", "request_id", infoFrom(r.Context()).id,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}

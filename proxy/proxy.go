@@ -1,0 +1,211 @@
+// Package proxy is the idempotency sidecar's HTTP side: the middleware chain
+// (request id, access log, recovery, tenancy, idempotency) in front of a
+// reverse proxy to the upstream, and the admin listener's handler.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// Store keeps locks and records. Each method is one atomic operation; a
+// Postgres store makes each one statement. Errors other than the
+// idemproxy sentinels mean the store could not be used (the request fails
+// closed with 503).
+type Store interface {
+	// Claim locks (tenant, key) unless a live lock or record exists, in
+	// which case it returns that entry with Claimed false.
+	Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error)
+	// Complete turns the lock held by c.Owner into a record, or fails with
+	// idemproxy.ErrNotOwner.
+	Complete(ctx context.Context, c idemproxy.Completion) error
+	// Release drops the lock held by owner, or fails with
+	// idemproxy.ErrNotOwner.
+	Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error
+	// Lookup returns the live entry or idemproxy.ErrNotFound.
+	Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error)
+	// Delete removes an entry (admin use) or fails with idemproxy.ErrNotFound.
+	Delete(ctx context.Context, tenant uuid.UUID, key string) error
+	// Ping reports whether the store is reachable.
+	Ping(ctx context.Context) error
+}
+
+// Mode says how a request whose key already has a record is answered.
+type Mode string
+
+// The modes (SPEC §4).
+const (
+	// ModeNoop answers the original status with an empty body.
+	ModeNoop Mode = "noop"
+	// ModeStrict answers 409 naming the original command.
+	ModeStrict Mode = "strict"
+	// ModeReplay answers the stored upstream response.
+	ModeReplay Mode = "replay"
+)
+
+// Config configures New. Upstream, Store and Tenancy are required; every
+// other zero value is replaced by the default the comment gives.
+type Config struct {
+	// Upstream is the service requests are forwarded to.
+	Upstream *url.URL
+	Store    Store
+	Tenancy  *tenancy.Resolver
+	// Mode is noop when empty.
+	Mode Mode
+	// KeyTTL is how long a record replays; zero means 24h.
+	KeyTTL time.Duration
+	// LockTimeout is the lease of an in-flight lock; zero means 60s. It
+	// must exceed UpstreamTimeout.
+	LockTimeout time.Duration
+	// UpstreamTimeout bounds a keyed command, and the wait for response
+	// headers of any request; zero means 30s.
+	UpstreamTimeout time.Duration
+	// StoreTimeout bounds each store operation; zero means 5s.
+	StoreTimeout time.Duration
+	// RequireKey lists non-safe methods that must carry a key.
+	RequireKey []string
+	// MaxBodyBytes is the largest keyed request body; zero means 10 MiB.
+	MaxBodyBytes int64
+	// ReplayMaxBytes caps the response body kept in replay mode; zero
+	// means 1 MiB. A larger response is recorded without its body and
+	// replays like mode noop.
+	ReplayMaxBytes int64
+	// Transport reaches the upstream; nil means NewTransport(UpstreamTimeout).
+	Transport http.RoundTripper
+	// Metrics nil means unregistered collectors.
+	Metrics *Metrics
+	// Logger nil discards logs.
+	Logger *slog.Logger
+}
+
+// Proxy is the proxy listener's handler.
+type Proxy struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	require map[string]bool
+	handler http.Handler
+}
+
+var safeMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true, http.MethodTrace: true,
+}
+
+// New validates cfg and returns the proxy handler.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Upstream == nil || cfg.Upstream.Scheme == "" || cfg.Upstream.Host == "" {
+		return nil, errors.New("proxy: an absolute upstream URL is required")
+	}
+	if cfg.Store == nil {
+		return nil, errors.New("proxy: a store is required")
+	}
+	if cfg.Tenancy == nil {
+		return nil, errors.New("proxy: a tenancy resolver is required")
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeNoop
+	}
+	switch cfg.Mode {
+	case ModeNoop, ModeStrict, ModeReplay:
+	default:
+		return nil, fmt.Errorf("proxy: unknown mode %q (want noop, strict or replay)", cfg.Mode)
+	}
+	defaultDuration(&cfg.KeyTTL, 24*time.Hour)
+	defaultDuration(&cfg.LockTimeout, 60*time.Second)
+	defaultDuration(&cfg.UpstreamTimeout, 30*time.Second)
+	defaultDuration(&cfg.StoreTimeout, 5*time.Second)
+	if cfg.LockTimeout <= cfg.UpstreamTimeout {
+		return nil, fmt.Errorf("proxy: lock timeout %s must exceed upstream timeout %s", cfg.LockTimeout, cfg.UpstreamTimeout)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 10 << 20
+	}
+	if cfg.ReplayMaxBytes <= 0 {
+		cfg.ReplayMaxBytes = 1 << 20
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = NewTransport(cfg.UpstreamTimeout)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, metrics: cfg.Metrics, require: map[string]bool{}}
+	for _, m := range cfg.RequireKey {
+		m = strings.ToUpper(strings.TrimSpace(m))
+		if m == "" {
+			continue
+		}
+		if safeMethods[m] || !isToken(m) {
+			return nil, fmt.Errorf("proxy: require-key method %q is not a non-safe method", m)
+		}
+		p.require[m] = true
+	}
+	rp := p.reverseProxy()
+	p.handler = p.requestID(p.accessLog(p.recover(
+		cfg.Tenancy.Middleware(p.checked)(
+			p.idempotency(rp)))))
+	return p, nil
+}
+
+func defaultDuration(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// ServeHTTP handles one request of the proxy listener.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.handler.ServeHTTP(w, r)
+}
+
+// checked reports whether the request is subject to tenancy and
+// idempotency: a non-safe method carrying a key, or one that must.
+func (p *Proxy) checked(r *http.Request) bool {
+	if safeMethods[r.Method] {
+		return false
+	}
+	_, keyed := r.Header["Idempotency-Key"]
+	return keyed || p.require[r.Method]
+}
+
+// NewTransport returns the tuned, pooled transport used to reach the
+// upstream: generous idle pools for a single upstream host, bounded dial
+// and response-header waits.
+func NewTransport(upstreamTimeout time.Duration) *http.Transport {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           d.DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ResponseHeaderTimeout: upstreamTimeout,
+		ExpectContinueTimeout: time.Second,
+	}
+}

@@ -1,0 +1,182 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// replayHeaders are the upstream response headers kept for mode replay.
+// Set-Cookie is never kept: a replay must not hand out another session.
+var replayHeaders = []string{
+	"Content-Type", "Content-Language", "Content-Encoding", "Content-Location",
+	"Location", "Etag", "Last-Modified", "Cache-Control", "Link",
+}
+
+// reverseProxy forwards to the upstream. For a keyed command it records or
+// releases the lock once the upstream's answer (or failure) is known.
+func (p *Proxy) reverseProxy() http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      timedTransport{p.cfg.Transport, p.metrics},
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		ErrorLog:       nil,
+	}
+}
+
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(p.cfg.Upstream)
+	pr.SetXForwarded()
+	h := pr.Out.Header
+	// Only idemproxy may tell the upstream which command this is.
+	h.Del("Idempotency-Command-Id")
+	cmd := commandFrom(pr.Out.Context())
+	if cmd == nil {
+		return
+	}
+	h.Set("Idempotency-Command-Id", cmd.claim.CommandID.String())
+	// net/http's Transport resends a request carrying an Idempotency-Key
+	// header when a reused connection fails before the first response
+	// byte (Request.isReplayable), and the upstream may then run it twice.
+	// The header goes out under a non-canonical map key, which the wire
+	// format treats the same (field names are case-insensitive) but the
+	// Transport does not recognise.
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[name]; ok {
+			delete(h, name)
+			h[lowerASCII(name)] = v
+		}
+	}
+}
+
+func lowerASCII(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	cmd := commandFrom(resp.Request.Context())
+	if cmd == nil {
+		return nil
+	}
+	ctx := resp.Request.Context()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		p.release(ctx, cmd)
+		return nil
+	}
+	var stored *idemproxy.Response
+	if p.cfg.Mode == ModeReplay {
+		stored = p.capture(resp)
+	}
+	p.complete(ctx, cmd, resp.StatusCode, stored)
+	resp.Header.Set("Idempotency-Command-Id", cmd.claim.CommandID.String())
+	return nil
+}
+
+// capture reads up to ReplayMaxBytes of a 2xx body for replay and puts it
+// back in front of the rest, so the client still gets the whole stream.
+func (p *Proxy) capture(resp *http.Response) *idemproxy.Response {
+	stored := &idemproxy.Response{Header: http.Header{}}
+	for _, name := range replayHeaders {
+		if v := resp.Header.Values(name); len(v) > 0 {
+			stored.Header[name] = append([]string(nil), v...)
+		}
+	}
+	limit := p.cfg.ReplayMaxBytes
+	if resp.ContentLength > limit {
+		stored.Truncated = true
+		return stored
+	}
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
+	if err != nil || n > limit {
+		// Too large, or the upstream broke off mid-body: the command ran,
+		// but its response cannot be reproduced.
+		stored.Truncated = true
+	} else {
+		stored.Body = bytes.Clone(buf.Bytes())
+	}
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(&buf, resp.Body), resp.Body}
+	return stored
+}
+
+// errorHandler answers when the upstream could not be used. A request that
+// was never sent releases its lock; one whose outcome is unknown keeps it
+// until the lease ends, so a retry cannot run the command a second time.
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	ri := infoFrom(r.Context())
+	cmd := commandFrom(r.Context())
+	notSent := isDialError(err)
+	if cmd != nil {
+		ri.outcome = OutcomeUpstreamError
+		if notSent {
+			p.release(r.Context(), cmd)
+		}
+	} else if errors.Is(err, context.Canceled) {
+		// The client went away; nobody is left to answer.
+		return
+	}
+	var prob *idemproxy.Problem
+	switch {
+	case notSent:
+		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamUnreached, "the upstream could not be reached; the request was not sent")
+	case isTimeout(err):
+		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamTimeout, "the upstream did not answer in time; the request may have taken effect")
+	default:
+		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamNoAnswer, "the upstream broke off without an answer; the request may have taken effect")
+	}
+	if cmd != nil && !notSent {
+		prob.RetryAfter = retryAfter(p.cfg.LockTimeout)
+		prob.Extensions = map[string]any{"command_id": cmd.claim.CommandID.String()}
+	}
+	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.id, "error", err, "sent", !notSent)
+	idemproxy.WriteProblem(w, prob)
+}
+
+// isDialError reports errors that happened before a connection existed:
+// the request cannot have reached the upstream.
+func isDialError(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	return errors.As(err, &dns)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// timedTransport observes idemproxy_upstream_duration_seconds.
+type timedTransport struct {
+	rt      http.RoundTripper
+	metrics *Metrics
+}
+
+func (t timedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.rt.RoundTrip(r)
+	t.metrics.UpstreamDuration.Observe(time.Since(start).Seconds())
+	return resp, err
+}

@@ -1,0 +1,423 @@
+// Package tenancy resolves the tenant of a request from a header or from a
+// verified JWT, in a configured order, and puts it in the request context.
+package tenancy
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/MicahParks/keyfunc/v3"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/google/uuid"
+	"golang.org/x/time/rate"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// Source is where a tenant may come from.
+type Source string
+
+// The tenant sources.
+const (
+	SourceHeader Source = "header"
+	SourceJWT    Source = "jwt"
+)
+
+// Config configures New. Sources is required; everything else has a
+// documented zero value.
+type Config struct {
+	// Sources are tried in order; the first that yields a tenant wins.
+	Sources []Source
+	// Header is the tenant header; empty means X-Tenant-ID.
+	Header string
+	// Claim is the JWT claim holding the tenant; empty means tenant_id.
+	Claim string
+	// HS256Secret enables HS256 tokens when non-empty.
+	HS256Secret []byte
+	// JWKSURL enables RS256 and ES256 tokens verified with the keys served
+	// there (fetched at start, refreshed every JWKSRefresh and, at most
+	// every ten seconds, when a token names an unknown kid).
+	JWKSURL string
+	// JWKSRefresh is the JWKS refresh interval; zero means one hour.
+	JWKSRefresh time.Duration
+	// PublicKey enables RS256 (RSA key) or ES256 (P-256 key) tokens.
+	PublicKey crypto.PublicKey
+	// Issuer and Audience, when non-empty, must match iss and aud.
+	Issuer   string
+	Audience string
+	// Client fetches the JWKS; nil means a client with a 10s timeout.
+	Client *http.Client
+	// Logger receives the reasons tokens are refused; nil discards them.
+	Logger *slog.Logger
+}
+
+// Resolver finds the tenant of a request. It is safe for concurrent use.
+type Resolver struct {
+	sources   []Source
+	header    string
+	claim     string
+	useJWT    bool
+	jwtOnly   bool
+	secret    []byte
+	publicKey crypto.PublicKey
+	jwks      keyfunc.Keyfunc
+	parser    *jwt.Parser
+	log       *slog.Logger
+}
+
+// New validates cfg and returns a Resolver. When cfg names a JWKS URL, the
+// key set is refreshed in the background until ctx ends.
+func New(ctx context.Context, cfg Config) (*Resolver, error) {
+	r := &Resolver{
+		header:    cfg.Header,
+		claim:     cfg.Claim,
+		secret:    cfg.HS256Secret,
+		publicKey: cfg.PublicKey,
+		log:       cfg.Logger,
+	}
+	if r.header == "" {
+		r.header = "X-Tenant-ID"
+	}
+	r.header = http.CanonicalHeaderKey(r.header)
+	if r.claim == "" {
+		r.claim = "tenant_id"
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if len(cfg.Sources) == 0 {
+		return nil, errors.New("tenancy: no tenant source")
+	}
+	seen := map[Source]bool{}
+	for _, s := range cfg.Sources {
+		if s != SourceHeader && s != SourceJWT {
+			return nil, fmt.Errorf("tenancy: unknown source %q (want header or jwt)", s)
+		}
+		if seen[s] {
+			return nil, fmt.Errorf("tenancy: source %q listed twice", s)
+		}
+		seen[s] = true
+		r.sources = append(r.sources, s)
+	}
+	r.useJWT = seen[SourceJWT]
+	r.jwtOnly = r.useJWT && !seen[SourceHeader]
+	if !r.useJWT {
+		return r, nil
+	}
+
+	var methods []string
+	if len(cfg.HS256Secret) > 0 {
+		methods = append(methods, jwt.SigningMethodHS256.Alg())
+	}
+	switch k := cfg.PublicKey.(type) {
+	case nil:
+	case *rsa.PublicKey:
+		methods = append(methods, jwt.SigningMethodRS256.Alg())
+	case *ecdsa.PublicKey:
+		methods = append(methods, jwt.SigningMethodES256.Alg())
+	default:
+		return nil, fmt.Errorf("tenancy: unsupported public key type %T", k)
+	}
+	if cfg.JWKSURL != "" {
+		if cfg.PublicKey != nil {
+			return nil, errors.New("tenancy: give a JWKS URL or a public key, not both")
+		}
+		client := cfg.Client
+		if client == nil {
+			client = &http.Client{Timeout: 10 * time.Second}
+		}
+		refresh := cfg.JWKSRefresh
+		if refresh <= 0 {
+			refresh = time.Hour
+		}
+		log := r.log
+		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL}, keyfunc.Override{
+			Client:            client,
+			RefreshInterval:   refresh,
+			RefreshUnknownKID: rate.NewLimiter(rate.Every(10*time.Second), 1),
+			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
+				return func(ctx context.Context, err error) {
+					log.ErrorContext(ctx, "jwks refresh failed", "url", u, "error", err)
+				}
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("tenancy: jwks: %w", err)
+		}
+		r.jwks = kf
+		methods = append(methods, jwt.SigningMethodRS256.Alg(), jwt.SigningMethodES256.Alg())
+	}
+	if len(methods) == 0 {
+		return nil, errors.New("tenancy: jwt source needs an HS256 secret, a JWKS URL or a public key")
+	}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(methods), jwt.WithExpirationRequired()}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
+	if cfg.Audience != "" {
+		opts = append(opts, jwt.WithAudience(cfg.Audience))
+	}
+	r.parser = jwt.NewParser(opts...)
+	return r, nil
+}
+
+// ParsePublicKey reads a PEM public key (PKIX, PKCS#1 RSA or a certificate)
+// for RS256 or ES256 verification.
+func ParsePublicKey(pemBytes []byte) (crypto.PublicKey, error) {
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return nil, errors.New("no PEM block found")
+	}
+	var key any
+	var err error
+	switch block.Type {
+	case "PUBLIC KEY":
+		key, err = x509.ParsePKIXPublicKey(block.Bytes)
+	case "RSA PUBLIC KEY":
+		key, err = x509.ParsePKCS1PublicKey(block.Bytes)
+	case "CERTIFICATE":
+		var cert *x509.Certificate
+		cert, err = x509.ParseCertificate(block.Bytes)
+		if err == nil {
+			key = cert.PublicKey
+		}
+	default:
+		return nil, fmt.Errorf("unsupported PEM block %q (want PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE)", block.Type)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		return k, nil
+	case *ecdsa.PublicKey:
+		if k.Curve.Params().Name != "P-256" {
+			return nil, fmt.Errorf("ES256 needs a P-256 key, got %s", k.Curve.Params().Name)
+		}
+		return k, nil
+	default:
+		return nil, fmt.Errorf("unsupported public key type %T (want RSA or ECDSA P-256)", key)
+	}
+}
+
+type ctxKey struct{}
+
+// NewContext returns ctx carrying tenant.
+func NewContext(ctx context.Context, tenant uuid.UUID) context.Context {
+	return context.WithValue(ctx, ctxKey{}, tenant)
+}
+
+// FromContext returns the tenant resolved for the request, if any.
+func FromContext(ctx context.Context) (uuid.UUID, bool) {
+	t, ok := ctx.Value(ctxKey{}).(uuid.UUID)
+	return t, ok
+}
+
+// Middleware resolves the tenant of every request for which applies
+// returns true (nil means all) and stores it with NewContext. A request
+// without a tenant passes on without one; a bad token is answered 401 and a
+// malformed tenant 400, as problem+json, and goes no further. Requests for
+// which applies is false pass untouched: no token is checked for them.
+func (r *Resolver) Middleware(applies func(*http.Request) bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if applies != nil && !applies(req) {
+				next.ServeHTTP(w, req)
+				return
+			}
+			tenant, ok, p := r.Resolve(req)
+			if p != nil {
+				idemproxy.WriteProblem(w, p)
+				return
+			}
+			if ok {
+				req = req.WithContext(NewContext(req.Context(), tenant))
+			}
+			next.ServeHTTP(w, req)
+		})
+	}
+}
+
+// Resolve returns the request's tenant, whether one was found, and the
+// problem to answer with when the request must be refused.
+func (r *Resolver) Resolve(req *http.Request) (uuid.UUID, bool, *idemproxy.Problem) {
+	var fromToken string
+	var haveToken bool
+	if r.useJWT {
+		claim, present, p := r.verify(req)
+		if p != nil {
+			return uuid.Nil, false, p
+		}
+		fromToken, haveToken = claim, present
+	}
+	for _, s := range r.sources {
+		switch s {
+		case SourceJWT:
+			if !haveToken {
+				continue
+			}
+			tenant, err := ParseTenant(fromToken)
+			if err != nil {
+				return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+					fmt.Sprintf("claim %q of the bearer token: %v", r.claim, err))
+			}
+			if r.jwtOnly {
+				if p := r.checkHeaderAgrees(req, tenant); p != nil {
+					return uuid.Nil, false, p
+				}
+			}
+			return tenant, true, nil
+		case SourceHeader:
+			values := req.Header.Values(r.header)
+			if len(values) == 0 {
+				continue
+			}
+			tenant, err := headerTenant(values)
+			if err != nil {
+				return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+					fmt.Sprintf("header %s: %v", r.header, err))
+			}
+			return tenant, true, nil
+		}
+	}
+	return uuid.Nil, false, nil
+}
+
+// checkHeaderAgrees refuses a tenant header that names another tenant than
+// the token when the token is the only source: the header can never
+// override the token, and a silent disagreement would hide a client bug.
+func (r *Resolver) checkHeaderAgrees(req *http.Request, tenant uuid.UUID) *idemproxy.Problem {
+	values := req.Header.Values(r.header)
+	if len(values) == 0 {
+		return nil
+	}
+	if h, err := headerTenant(values); err == nil && h == tenant {
+		return nil
+	}
+	return idemproxy.NewProblem(idemproxy.ProblemTenantConflict,
+		fmt.Sprintf("header %s does not match claim %q of the bearer token, which is the tenant source", r.header, r.claim))
+}
+
+func headerTenant(values []string) (uuid.UUID, error) {
+	tenant, err := ParseTenant(values[0])
+	if err != nil {
+		return uuid.Nil, err
+	}
+	for _, v := range values[1:] {
+		if t, err := ParseTenant(v); err != nil || t != tenant {
+			return uuid.Nil, errors.New("repeated with different values")
+		}
+	}
+	return tenant, nil
+}
+
+// ParseTenant accepts a UUID in its canonical 36-character form.
+func ParseTenant(s string) (uuid.UUID, error) {
+	if s == "" {
+		return uuid.Nil, errors.New("empty, want a UUID")
+	}
+	if len(s) != 36 {
+		return uuid.Nil, errors.New("not a UUID (want the 36-character form, e.g. 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20)")
+	}
+	t, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, errors.New("not a UUID (want the 36-character form, e.g. 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20)")
+	}
+	return t, nil
+}
+
+// verify checks the bearer token, if any. It returns the tenant claim and
+// whether the token carried one.
+func (r *Resolver) verify(req *http.Request) (string, bool, *idemproxy.Problem) {
+	auth := req.Header.Values("Authorization")
+	if len(auth) == 0 {
+		return "", false, nil
+	}
+	if len(auth) > 1 {
+		return "", false, unauthorized("more than one Authorization header")
+	}
+	scheme, token, _ := strings.Cut(auth[0], " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		// Another scheme (Basic, say) is for the upstream, not for us.
+		return "", false, nil
+	}
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return "", false, unauthorized("empty bearer token")
+	}
+	claims := jwt.MapClaims{}
+	if _, err := r.parser.ParseWithClaims(token, claims, r.keyfunc(req.Context())); err != nil {
+		reason := tokenReason(err)
+		r.log.InfoContext(req.Context(), "bearer token refused", "reason", reason, "error", err)
+		return "", false, unauthorized(reason)
+	}
+	v, ok := claims[r.claim]
+	if !ok {
+		return "", false, nil
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+			fmt.Sprintf("claim %q of the bearer token is not a string", r.claim))
+	}
+	return s, true, nil
+}
+
+func (r *Resolver) keyfunc(ctx context.Context) jwt.Keyfunc {
+	return func(t *jwt.Token) (any, error) {
+		switch t.Method.(type) {
+		case *jwt.SigningMethodHMAC:
+			if len(r.secret) > 0 {
+				return r.secret, nil
+			}
+		case *jwt.SigningMethodRSA, *jwt.SigningMethodECDSA:
+			if r.publicKey != nil {
+				return r.publicKey, nil
+			}
+			if r.jwks != nil {
+				return r.jwks.KeyfuncCtx(ctx)(t)
+			}
+		}
+		return nil, errNoKey
+	}
+}
+
+var errNoKey = errors.New("no verification key for this algorithm")
+
+func unauthorized(detail string) *idemproxy.Problem {
+	return idemproxy.NewProblem(idemproxy.ProblemUnauthorized, detail)
+}
+
+// tokenReason names why a token was refused without echoing the token.
+func tokenReason(err error) string {
+	switch {
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return "malformed token"
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return "token cannot be verified (unknown key or algorithm)"
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return "token signature is invalid"
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return "token lacks a required claim (exp)"
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return "token is expired"
+	case errors.Is(err, jwt.ErrTokenNotValidYet):
+		return "token is not valid yet"
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return "token has the wrong issuer"
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return "token has the wrong audience"
+	default:
+		return "token is invalid"
+	}
+}
