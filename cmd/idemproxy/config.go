@@ -110,7 +110,7 @@ func (c Config) validate() error {
 			bad(name, "must be host:port (e.g. :8080): %v", err)
 		}
 	}
-	if c.ListenAddr == c.AdminAddr {
+	if _, port, _ := net.SplitHostPort(c.ListenAddr); c.ListenAddr == c.AdminAddr && port != "0" {
 		bad("IDEMPROXY_ADMIN_ADDR", "must differ from IDEMPROXY_LISTEN_ADDR: the admin listener is separate")
 	}
 	if c.UpstreamURL == "" {

@@ -1,0 +1,410 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// logSink collects run's JSON log lines and reports the listen addresses.
+type logSink struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	addrs chan [2]string
+}
+
+func newLogSink() *logSink { return &logSink{addrs: make(chan [2]string, 1)} }
+
+func (s *logSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf.Write(p)
+	for _, line := range bytes.Split(p, []byte("\n")) {
+		var m struct{ Msg, Proxy, Admin string }
+		if json.Unmarshal(line, &m) == nil && m.Msg == "listening" {
+			s.addrs <- [2]string{m.Proxy, m.Admin}
+		}
+	}
+	return len(p), nil
+}
+
+func (s *logSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+func mapEnv(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// started is a run() in progress.
+type started struct {
+	proxy, admin string
+	logs         *logSink
+	cancel       context.CancelFunc
+	stopped      chan struct{}
+	err          error
+}
+
+// wait returns run's result once it has returned.
+func (s *started) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-s.stopped:
+		return s.err
+	case <-time.After(60 * time.Second):
+		t.Fatal("run did not return")
+		return nil
+	}
+}
+
+// startRun runs the program with env, waits until /readyz answers 200.
+func startRun(t *testing.T, args []string, env map[string]string) *started {
+	t.Helper()
+	if env["IDEMPROXY_LISTEN_ADDR"] == "" {
+		env["IDEMPROXY_LISTEN_ADDR"] = "127.0.0.1:0"
+	}
+	if env["IDEMPROXY_ADMIN_ADDR"] == "" {
+		env["IDEMPROXY_ADMIN_ADDR"] = "127.0.0.1:0"
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &started{logs: newLogSink(), cancel: cancel, stopped: make(chan struct{})}
+	go func() {
+		s.err = run(ctx, args, mapEnv(env), s.logs, io.Discard)
+		close(s.stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		s.wait(t)
+	})
+	select {
+	case a := <-s.logs.addrs:
+		s.proxy, s.admin = "http://"+a[0], "http://"+a[1]
+	case <-s.stopped:
+		t.Fatalf("run returned before listening: %v\n%s", s.err, s.logs)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run did not start listening\n%s", s.logs)
+	}
+	waitReady(t, s.admin)
+	return s
+}
+
+func waitReady(t *testing.T, admin string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never answered 200 (last: %v)", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func post(t *testing.T, url, key, tenant, body string) *http.Response {
+	t.Helper()
+	r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	if tenant != "" {
+		r.Header.Set("X-Tenant-ID", tenant)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+func countingUpstream(t *testing.T, h http.HandlerFunc) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		if h != nil {
+			h(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+func TestRunEndToEnd(t *testing.T) {
+	up, calls := countingUpstream(t, nil)
+	s := startRun(t, []string{"idemproxy"}, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL})
+	tenant := uuid.NewString()
+
+	first := post(t, s.proxy+"/orders", "e2e-1", tenant, "x")
+	second := post(t, s.proxy+"/orders", "e2e-1", tenant, "x")
+	if first.StatusCode != 201 || second.StatusCode != 201 || second.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("got %d then %d (replayed %q)", first.StatusCode, second.StatusCode, second.Header.Get("Idempotent-Replayed"))
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("upstream calls: got %d, want 1", calls.Load())
+	}
+	resp, err := http.Get(s.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`idemproxy_requests_total{outcome="replayed"} 1`,
+		`idemproxy_requests_total{outcome="forwarded"} 1`,
+		`idemproxy_upstream_duration_seconds_count 1`,
+		`idemproxy_store_duration_seconds_count{op="claim"} 2`,
+		`idemproxy_record_write_failures_total 0`,
+	} {
+		if !bytes.Contains(metrics, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// The admin listener is separate: the proxy port does not serve it.
+	resp, err = http.Get(s.proxy + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if calls.Load() != 2 {
+		t.Fatalf("GET /metrics on the proxy port was not forwarded upstream (calls %d)", calls.Load())
+	}
+	s.cancel()
+	if err := s.wait(t); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+// TestGracefulShutdown: on shutdown readiness turns false and an in-flight
+// command still completes, records and answers.
+func TestGracefulShutdown(t *testing.T) {
+	entered := make(chan struct{})
+	gate := make(chan struct{})
+	up, calls := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-gate
+		w.WriteHeader(http.StatusCreated)
+	})
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL})
+	got := make(chan *http.Response, 1)
+	go func() { got <- post(t, s.proxy+"/orders", "drain-1", uuid.NewString(), "x") }()
+	<-entered
+	s.cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(s.admin + "/readyz")
+		if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+			if resp != nil {
+				resp.Body.Close()
+			}
+			break
+		}
+		resp.Body.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz still 200 while draining")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(gate)
+	resp := <-got
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotency-Command-Id") == "" {
+		t.Fatalf("in-flight command during shutdown: got %d %v", resp.StatusCode, resp.Header)
+	}
+	if err := s.wait(t); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("upstream calls: got %d, want 1", calls.Load())
+	}
+	if !strings.Contains(s.logs.String(), `"msg":"stopped"`) {
+		t.Fatalf("no clean stop in the logs:\n%s", s.logs)
+	}
+}
+
+func TestDemo(t *testing.T) {
+	s := startRun(t, []string{"idemproxy", "demo"}, map[string]string{})
+	tenant := uuid.NewString()
+	for range 3 {
+		if resp := post(t, s.proxy+"/orders", "demo-1", tenant, `{"item":"book"}`); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("POST /orders: got %d", resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(s.proxy + "/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var stats map[string]int
+	if err := json.NewDecoder(resp.Body).Decode(&stats); err != nil {
+		t.Fatal(err)
+	}
+	if stats["orders_created"] != 1 {
+		t.Fatalf("demo orders created: got %d, want 1", stats["orders_created"])
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig(mapEnv(map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"ListenAddr": ":8080", "AdminAddr": ":9090", "Store": "memory", "Mode": "noop",
+		"TenantHeader": "X-Tenant-ID", "JWTClaim": "tenant_id", "KeyTTL": 24 * time.Hour,
+		"LockTimeout": 60 * time.Second, "UpstreamTimeout": 30 * time.Second,
+		"MaxBodyBytes": int64(10 << 20), "LogLevel": "info",
+	}
+	got := map[string]any{
+		"ListenAddr": cfg.ListenAddr, "AdminAddr": cfg.AdminAddr, "Store": cfg.Store, "Mode": cfg.Mode,
+		"TenantHeader": cfg.TenantHeader, "JWTClaim": cfg.JWTClaim, "KeyTTL": cfg.KeyTTL,
+		"LockTimeout": cfg.LockTimeout, "UpstreamTimeout": cfg.UpstreamTimeout,
+		"MaxBodyBytes": cfg.MaxBodyBytes, "LogLevel": cfg.LogLevel,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: got %v, want %v", k, got[k], v)
+		}
+	}
+	if len(cfg.TenantSource) != 1 || cfg.TenantSource[0] != "header" || len(cfg.RequireKey) != 0 {
+		t.Errorf("TenantSource %v, RequireKey %v", cfg.TenantSource, cfg.RequireKey)
+	}
+}
+
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	base := map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
+	cases := []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"IDEMPROXY_UPSTREAM_URL": ""}, "IDEMPROXY_UPSTREAM_URL is required"},
+		{map[string]string{"IDEMPROXY_UPSTREAM_URL": "orders:8081"}, "IDEMPROXY_UPSTREAM_URL must be an absolute"},
+		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "30s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"},
+		{map[string]string{"IDEMPROXY_KEY_TTL": "soon"}, "IDEMPROXY_KEY_TTL: cannot parse"},
+		{map[string]string{"IDEMPROXY_KEY_TTL": "-1h"}, "IDEMPROXY_KEY_TTL must be a positive duration"},
+		{map[string]string{"IDEMPROXY_MODE": "loose"}, "IDEMPROXY_MODE must be noop, strict or replay"},
+		{map[string]string{"IDEMPROXY_STORE": "redis"}, "IDEMPROXY_STORE must be memory or postgres"},
+		{map[string]string{"IDEMPROXY_STORE": "postgres"}, "IDEMPROXY_DATABASE_URL is required"},
+		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "cookie"}, "IDEMPROXY_TENANT_SOURCE must list header and/or jwt"},
+		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "jwt"}, "IDEMPROXY_TENANT_SOURCE includes jwt"},
+		{map[string]string{"IDEMPROXY_JWT_HS256_SECRET": "short"}, "IDEMPROXY_JWT_HS256_SECRET must be at least 32 bytes"},
+		{map[string]string{"IDEMPROXY_REQUIRE_KEY": "POST,GET"}, `IDEMPROXY_REQUIRE_KEY must list POST, PUT, PATCH or DELETE, got "GET"`},
+		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "0"}, "IDEMPROXY_MAX_BODY_BYTES must be positive"},
+		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "ten"}, "IDEMPROXY_MAX_BODY_BYTES: cannot parse"},
+		{map[string]string{"IDEMPROXY_LOG_LEVEL": "loud"}, "IDEMPROXY_LOG_LEVEL must be debug, info, warn or error"},
+		{map[string]string{"IDEMPROXY_LISTEN_ADDR": "8080"}, "IDEMPROXY_LISTEN_ADDR must be host:port"},
+		{map[string]string{"IDEMPROXY_ADMIN_ADDR": ":8080"}, "IDEMPROXY_ADMIN_ADDR must differ from IDEMPROXY_LISTEN_ADDR"},
+	}
+	for _, c := range cases {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range c.set {
+			env[k] = v
+		}
+		_, err := loadConfig(mapEnv(env))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want an error containing %q", c.set, err, c.want)
+		}
+	}
+}
+
+func TestSecretsNotEchoed(t *testing.T) {
+	secret := "hunter2-is-not-a-good-secret"
+	_, err := loadConfig(mapEnv(map[string]string{
+		"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1", "IDEMPROXY_JWT_HS256_SECRET": secret,
+		"IDEMPROXY_STORE": "postgres", "IDEMPROXY_MODE": "bad",
+		"IDEMPROXY_DATABASE_URL": "postgres://app:" + secret + "@db/app",
+	}))
+	if err == nil {
+		t.Fatal("bad configuration accepted")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("error reveals a secret: %v", err)
+	}
+}
+
+func TestHelpListsEveryVariable(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"idemproxy", "--help"}, mapEnv(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range configVars() {
+		name, def := f.Tag.Get("env"), f.Tag.Get("envDefault")
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.Contains(l, " "+name+" ") {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Errorf("--help does not list %s", name)
+		} else if def != "" && !strings.Contains(line, def) {
+			t.Errorf("--help line for %s lacks its default %q: %q", name, def, line)
+		}
+	}
+}
+
+// TestMain lets TestBadConfigExits run the real main in a child process.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMPROXY_TEST_RUN_MAIN") == "1" {
+		os.Args = []string{"idemproxy"}
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestBadConfigExits(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_RUN_MAIN=1",
+		"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_UPSTREAM_TIMEOUT=90s",
+		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("exit: got %v, want a non-zero exit", err)
+	}
+	if want := "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"; !strings.Contains(stderr.String(), want) {
+		t.Fatalf("stderr %q does not contain %q", stderr.String(), want)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"idemproxy", "version"}, mapEnv(nil), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "idemproxy ") {
+		t.Fatalf("version output %q", out.String())
+	}
+	if err := run(context.Background(), []string{"idemproxy", "frobnicate"}, mapEnv(nil), io.Discard, io.Discard); err == nil {
+		t.Fatal("unknown command accepted")
+	}
+}

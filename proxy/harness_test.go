@@ -1,0 +1,259 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// upstream is a counting test upstream. Its handler may be replaced per
+// test; every request reaching it is counted and remembered.
+type upstream struct {
+	srv     *httptest.Server
+	calls   atomic.Int64
+	mu      sync.Mutex
+	handler http.HandlerFunc
+	last    *http.Request
+	bodies  []string
+}
+
+func newUpstream(t *testing.T) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/1")
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.Header().Set("X-Internal", "not replayed")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":1}`)
+	}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		u.calls.Add(1)
+		u.mu.Lock()
+		u.last = r.Clone(context.Background())
+		u.bodies = append(u.bodies, string(body))
+		h := u.handler
+		u.mu.Unlock()
+		h(w, r)
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *upstream) set(h http.HandlerFunc) {
+	u.mu.Lock()
+	u.handler = h
+	u.mu.Unlock()
+}
+
+func (u *upstream) lastRequest() *http.Request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.last
+}
+
+func (u *upstream) url() *url.URL {
+	v, _ := url.Parse(u.srv.URL)
+	return v
+}
+
+// clock is a settable clock for expiry tests.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// env is one proxy under test: its upstream, store and test server.
+type env struct {
+	t       *testing.T
+	up      *upstream
+	mem     *store.Memory
+	clock   *clock
+	srv     *httptest.Server
+	proxy   *proxy.Proxy
+	metrics *proxy.Metrics
+	tenant  uuid.UUID
+}
+
+type option func(*proxy.Config, *tenancy.Config)
+
+func withMode(m proxy.Mode) option {
+	return func(c *proxy.Config, _ *tenancy.Config) { c.Mode = m }
+}
+
+func newEnv(t *testing.T, opts ...option) *env {
+	t.Helper()
+	e := &env{t: t, up: newUpstream(t), clock: newClock(), tenant: uuid.New()}
+	e.mem = store.NewMemory(store.MemoryOptions{Now: e.clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { e.mem.Close() })
+	cfg := proxy.Config{
+		Upstream:        e.up.url(),
+		Store:           e.mem,
+		LockTimeout:     10 * time.Second,
+		UpstreamTimeout: 2 * time.Second,
+		KeyTTL:          time.Hour,
+		Metrics:         proxy.NewMetrics(nil),
+	}
+	tc := tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}}
+	for _, o := range opts {
+		o(&cfg, &tc)
+	}
+	e.metrics = cfg.Metrics
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	res, err := tenancy.New(ctx, tc)
+	if err != nil {
+		t.Fatalf("tenancy.New: %v", err)
+	}
+	cfg.Tenancy = res
+	p, err := proxy.New(cfg)
+	if err != nil {
+		t.Fatalf("proxy.New: %v", err)
+	}
+	e.proxy = p
+	e.srv = httptest.NewServer(p)
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+type req struct {
+	method  string
+	path    string
+	body    string
+	key     string // "" means no Idempotency-Key header
+	keys    []string
+	tenant  string // "" means the env's tenant; "-" means none
+	headers map[string]string
+}
+
+func (e *env) do(r req) *http.Response {
+	e.t.Helper()
+	if r.method == "" {
+		r.method = http.MethodPost
+	}
+	if r.path == "" {
+		r.path = "/orders"
+	}
+	hr, err := http.NewRequest(r.method, e.srv.URL+r.path, strings.NewReader(r.body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if r.key != "" {
+		hr.Header.Set("Idempotency-Key", r.key)
+	}
+	for _, k := range r.keys {
+		hr.Header.Add("Idempotency-Key", k)
+	}
+	switch r.tenant {
+	case "":
+		hr.Header.Set("X-Tenant-ID", e.tenant.String())
+	case "-":
+	default:
+		hr.Header.Set("X-Tenant-ID", r.tenant)
+	}
+	for k, v := range r.headers {
+		hr.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", r.method, r.path, err)
+	}
+	e.t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func readBody(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return string(b)
+}
+
+func wantStatus(t *testing.T, resp *http.Response, want int) {
+	t.Helper()
+	if resp.StatusCode != want {
+		t.Fatalf("status: got %d, want %d (body %q)", resp.StatusCode, want, readBody(t, resp))
+	}
+}
+
+func (e *env) wantCalls(want int64) {
+	e.t.Helper()
+	if got := e.up.calls.Load(); got != want {
+		e.t.Fatalf("upstream calls: got %d, want %d", got, want)
+	}
+}
+
+// problem decodes an RFC 9457 body after checking status and type.
+func wantProblem(t *testing.T, resp *http.Response, status int, slug string) map[string]any {
+	t.Helper()
+	body := readBody(t, resp)
+	if resp.StatusCode != status {
+		t.Fatalf("status: got %d, want %d (body %q)", resp.StatusCode, status, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type: got %q, want application/problem+json", ct)
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(body), &p); err != nil {
+		t.Fatalf("problem body %q: %v", body, err)
+	}
+	if got, want := p["type"], idemproxy.ProblemBase+slug; got != want {
+		t.Fatalf("problem type: got %v, want %v (body %s)", got, want, body)
+	}
+	if got := p["status"]; got != float64(status) {
+		t.Fatalf("problem status member: got %v, want %d", got, status)
+	}
+	if p["title"] == "" || p["title"] == nil {
+		t.Fatalf("problem without title: %s", body)
+	}
+	return p
+}
+
+func newConnReader(c net.Conn) *bufio.Reader { return bufio.NewReader(c) }
+
+// newEnvWithStoreLimit is newEnv with a memory store bounded to max entries.
+func newEnvWithStoreLimit(t *testing.T, max int) *env {
+	t.Helper()
+	var e *env
+	c := newClock()
+	m := store.NewMemory(store.MemoryOptions{MaxEntries: max, Now: c.Now, SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	e = newEnv(t, func(cfg *proxy.Config, _ *tenancy.Config) { cfg.Store = m })
+	e.mem, e.clock = m, c
+	return e
+}

@@ -1,0 +1,732 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// TestStateTable walks SPEC §4's first table in every mode.
+func TestStateTable(t *testing.T) {
+	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := newEnv(t, withMode(mode))
+			first := req{key: "order-1", body: `{"item":"book"}`}
+
+			// Nothing stored: claim, forward once, record.
+			resp := e.do(first)
+			wantStatus(t, resp, http.StatusCreated)
+			if got := readBody(t, resp); got != `{"id":1}` {
+				t.Fatalf("first body: got %q, want the upstream's", got)
+			}
+			commandID := resp.Header.Get("Idempotency-Command-Id")
+			if _, err := uuid.Parse(commandID); err != nil {
+				t.Fatalf("Idempotency-Command-Id %q: %v", commandID, err)
+			}
+			if resp.Header.Get("Idempotent-Replayed") != "" {
+				t.Fatal("first response marked as replayed")
+			}
+			e.wantCalls(1)
+
+			// Record: answered by mode, upstream not called.
+			resp = e.do(first)
+			if got := resp.Header.Get("Idempotent-Replayed"); got != "true" {
+				t.Fatalf("Idempotent-Replayed: got %q, want true", got)
+			}
+			switch mode {
+			case proxy.ModeNoop:
+				wantStatus(t, resp, http.StatusCreated)
+				if body := readBody(t, resp); body != "" {
+					t.Fatalf("noop replay body: got %q, want empty", body)
+				}
+				if got := resp.Header.Get("Idempotency-Command-Id"); got != commandID {
+					t.Fatalf("replayed command id: got %q, want %q", got, commandID)
+				}
+				if got := resp.Header.Get("Idempotency-Command-Type"); got != "POST /orders" {
+					t.Fatalf("replayed command type: got %q, want POST /orders", got)
+				}
+			case proxy.ModeStrict:
+				p := wantProblem(t, resp, http.StatusConflict, "replay")
+				if p["command_id"] != commandID || p["command_type"] != "POST /orders" {
+					t.Fatalf("strict problem members: got %v", p)
+				}
+				created, err := time.Parse(time.RFC3339Nano, fmt.Sprint(p["created_at"]))
+				if err != nil || !created.Equal(e.clock.Now()) {
+					t.Fatalf("created_at: got %v (%v), want %v", p["created_at"], err, e.clock.Now())
+				}
+			case proxy.ModeReplay:
+				wantStatus(t, resp, http.StatusCreated)
+				if body := readBody(t, resp); body != `{"id":1}` {
+					t.Fatalf("replayed body: got %q, want the stored one", body)
+				}
+				if resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Location") != "/orders/1" {
+					t.Fatalf("allow-listed headers not replayed: %v", resp.Header)
+				}
+				if resp.Header.Get("Set-Cookie") != "" || resp.Header.Get("X-Internal") != "" {
+					t.Fatalf("headers outside the allow-list replayed: %v", resp.Header)
+				}
+			}
+			e.wantCalls(1)
+
+			// Record with another fingerprint: 422, whatever differs.
+			for _, other := range []req{
+				{key: "order-1", body: `{"item":"pen"}`},
+				{key: "order-1", body: `{"item":"book"}`, path: "/orders?x=1"},
+				{key: "order-1", body: `{"item":"book"}`, path: "/carts"},
+				{key: "order-1", body: `{"item":"book"}`, method: http.MethodPut},
+			} {
+				wantProblem(t, e.do(other), http.StatusUnprocessableEntity, "key-reused")
+			}
+			e.wantCalls(1)
+
+			// Record past its expiry: treated as nothing.
+			e.clock.Advance(time.Hour + time.Second)
+			wantStatus(t, e.do(first), http.StatusCreated)
+			e.wantCalls(2)
+		})
+	}
+}
+
+// blockingUpstream makes the upstream hold requests until release is
+// closed; entered receives one value per request that arrived.
+func blockingUpstream(t *testing.T, e *env) (entered chan struct{}, release func()) {
+	entered = make(chan struct{}, 100)
+	gate := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-gate
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created")
+	})
+	return entered, release
+}
+
+func TestInFlight(t *testing.T) {
+	e := newEnv(t)
+	entered, release := blockingUpstream(t, e)
+	first := req{key: "k", body: "a"}
+	done := make(chan *http.Response)
+	go func() { done <- e.do(first) }()
+	<-entered
+
+	// Locked by an in-flight attempt: 409 with Retry-After within the lease.
+	resp := e.do(first)
+	wantProblem(t, resp, http.StatusConflict, "in-progress")
+	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || ra < 1 || ra > 10 {
+		t.Fatalf("Retry-After: got %q, want whole seconds in [1, 10]", resp.Header.Get("Retry-After"))
+	}
+	// Locked, another fingerprint: 422 (the fingerprint is kept with the lock).
+	wantProblem(t, e.do(req{key: "k", body: "b"}), http.StatusUnprocessableEntity, "key-reused")
+
+	release()
+	wantStatus(t, <-done, http.StatusCreated)
+	resp = e.do(first)
+	wantStatus(t, resp, http.StatusCreated)
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("after completion the retry was not a replay")
+	}
+	e.wantCalls(1)
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeInProgress)); got != 1 {
+		t.Fatalf("in_progress outcomes: got %v, want 1", got)
+	}
+}
+
+func TestUpstreamNon2xxReleases(t *testing.T) {
+	for _, code := range []int{http.StatusBadRequest, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			e := newEnv(t)
+			e.up.set(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(code)
+				io.WriteString(w, "upstream says no")
+			})
+			resp := e.do(req{key: "k"})
+			wantStatus(t, resp, code)
+			if body := readBody(t, resp); body != "upstream says no" || resp.Header.Get("Content-Type") != "text/plain" {
+				t.Fatalf("upstream response changed: %q %v", body, resp.Header)
+			}
+			// Released: the retry runs normally.
+			e.up.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+			wantStatus(t, e.do(req{key: "k"}), http.StatusOK)
+			e.wantCalls(2)
+			wantStatus(t, e.do(req{key: "k"}), http.StatusOK)
+			e.wantCalls(2)
+		})
+	}
+}
+
+func TestUpstreamRefusedReleases(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = addr })
+	p := wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-unreachable")
+	if p["detail"] == "" {
+		t.Fatal("no detail")
+	}
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeUpstreamError)); got != 1 {
+		t.Fatalf("upstream_error outcomes: got %v, want 1", got)
+	}
+
+	// The upstream comes back on the same address: the retry runs once.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen again on %s: %v", addr, err)
+	}
+	back := httptest.NewUnstartedServer(e.up.srv.Config.Handler)
+	back.Listener = ln
+	back.Start()
+	defer back.Close()
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	e.wantCalls(1)
+}
+
+func TestUpstreamTimeoutHoldsLock(t *testing.T) {
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
+	entered, release := blockingUpstream(t, e)
+	wantProblem(t, e.do(req{key: "k"}), http.StatusGatewayTimeout, "upstream-timeout")
+	<-entered
+	release()
+	// Outcome unknown: the key stays locked until the lease ends.
+	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+	e.wantCalls(1)
+	e.clock.Advance(10*time.Second + time.Millisecond)
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	e.wantCalls(2)
+}
+
+func TestUpstreamResetHoldsLock(t *testing.T) {
+	e := newEnv(t)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
+	})
+	wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-no-response")
+	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+	e.wantCalls(1)
+}
+
+// failingStore wraps a store and fails chosen operations.
+type failingStore struct {
+	proxy.Store
+	mu       sync.Mutex
+	claim    error
+	complete error
+}
+
+func (f *failingStore) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	f.mu.Lock()
+	err := f.claim
+	f.mu.Unlock()
+	if err != nil {
+		return idemproxy.ClaimResult{}, err
+	}
+	return f.Store.Claim(ctx, c)
+}
+
+func (f *failingStore) Complete(ctx context.Context, c idemproxy.Completion) error {
+	f.mu.Lock()
+	err := f.complete
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.Store.Complete(ctx, c)
+}
+
+func TestRecordWriteFailureKeepsLock(t *testing.T) {
+	fs := &failingStore{complete: fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable)}
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) {
+		fs.Store = c.Store
+		c.Store = fs
+	})
+	// The command happened: the client gets the upstream's answer.
+	resp := e.do(req{key: "k"})
+	wantStatus(t, resp, http.StatusCreated)
+	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 1 {
+		t.Fatalf("record write failures: got %v, want 1", got)
+	}
+	// Never released: a retry is refused until the lease ends.
+	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+	e.wantCalls(1)
+}
+
+func TestStoreUnavailableFailsClosed(t *testing.T) {
+	fs := &failingStore{claim: fmt.Errorf("%w: dial tcp: connection refused", idemproxy.ErrUnavailable)}
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) {
+		fs.Store = c.Store
+		c.Store = fs
+	})
+	resp := e.do(req{key: "k"})
+	wantProblem(t, resp, http.StatusServiceUnavailable, "store-unavailable")
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("Retry-After: got %q", resp.Header.Get("Retry-After"))
+	}
+	e.wantCalls(0)
+	// Unkeyed requests still pass.
+	wantStatus(t, e.do(req{tenant: "-"}), http.StatusCreated)
+	e.wantCalls(1)
+	// The store comes back: keyed requests work again.
+	fs.mu.Lock()
+	fs.claim = nil
+	fs.mu.Unlock()
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	e.wantCalls(2)
+}
+
+func TestStoreFullFailsClosed(t *testing.T) {
+	small := newEnvWithStoreLimit(t, 2)
+	for i := range 2 {
+		wantStatus(t, small.do(req{key: fmt.Sprint("k", i)}), http.StatusCreated)
+	}
+	wantProblem(t, small.do(req{key: "k3"}), http.StatusServiceUnavailable, "store-full")
+	small.wantCalls(2)
+	// Records still replay while the store is full.
+	wantStatus(t, small.do(req{key: "k0"}), http.StatusCreated)
+	small.wantCalls(2)
+	// Once records expire there is room again.
+	small.clock.Advance(time.Hour + time.Second)
+	wantStatus(t, small.do(req{key: "k3"}), http.StatusCreated)
+	small.wantCalls(3)
+}
+
+func TestConcurrentSameKey(t *testing.T) {
+	e := newEnv(t)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+	})
+	const rounds, n = 5, 50
+	for round := range rounds {
+		key := fmt.Sprint("race-", round)
+		var wg sync.WaitGroup
+		statuses := make(chan int, n)
+		start := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				r, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/orders", strings.NewReader("same"))
+				r.Header.Set("Idempotency-Key", key)
+				r.Header.Set("X-Tenant-ID", e.tenant.String())
+				resp, err := http.DefaultClient.Do(r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusCreated && resp.Header.Get("Idempotent-Replayed") == "" {
+					statuses <- 0 // the one forwarded
+					return
+				}
+				statuses <- resp.StatusCode
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(statuses)
+		forwarded := 0
+		for s := range statuses {
+			switch s {
+			case 0:
+				forwarded++
+			case http.StatusConflict, http.StatusCreated:
+			default:
+				t.Fatalf("round %d: status %d, want 409 in progress or a 201 replay", round, s)
+			}
+		}
+		if forwarded != 1 {
+			t.Fatalf("round %d: %d requests forwarded, want 1", round, forwarded)
+		}
+	}
+	e.wantCalls(rounds)
+}
+
+// A client that gives up mid-request does not cancel the command: the
+// upstream finishes, the record is written and the retry replays.
+func TestClientGivesUp(t *testing.T) {
+	e := newEnv(t)
+	entered, release := blockingUpstream(t, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/orders", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", "gone")
+	r.Header.Set("X-Tenant-ID", e.tenant.String())
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(r)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client error: got %v, want canceled", err)
+	}
+	release()
+	// Wait (bounded) for the record: the proxy finishes on its own.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ent, err := e.mem.Lookup(context.Background(), e.tenant, "gone")
+		if err == nil && ent.State == idemproxy.StateSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record not written after the client left: %+v %v", ent, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp := e.do(req{key: "gone", body: "x"})
+	wantStatus(t, resp, http.StatusCreated)
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("retry was not a replay")
+	}
+	e.wantCalls(1)
+}
+
+func TestPassThrough(t *testing.T) {
+	e := newEnv(t, withMode(proxy.ModeStrict))
+	// Safe methods pass untouched even with a key, twice.
+	for range 2 {
+		resp := e.do(req{method: http.MethodGet, key: "k"})
+		wantStatus(t, resp, http.StatusCreated)
+		if resp.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatal("GET treated as a command")
+		}
+	}
+	e.wantCalls(2)
+	// Safe method with a malformed key and no tenant: untouched.
+	wantStatus(t, e.do(req{method: http.MethodHead, key: `"broken`, tenant: "-"}), http.StatusCreated)
+	e.wantCalls(3)
+	// Unkeyed non-safe requests need no tenant and are never deduplicated.
+	for range 2 {
+		wantStatus(t, e.do(req{body: "x", tenant: "-"}), http.StatusCreated)
+	}
+	e.wantCalls(5)
+	if e.mem.Len() != 0 {
+		t.Fatalf("store holds %d entries after pass-through traffic, want 0", e.mem.Len())
+	}
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomePassthrough)); got != 5 {
+		t.Fatalf("passthrough outcomes: got %v, want 5", got)
+	}
+}
+
+func TestRequireKey(t *testing.T) {
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.RequireKey = []string{"post"} })
+	wantProblem(t, e.do(req{body: "x"}), http.StatusBadRequest, "key-required")
+	e.wantCalls(0)
+	wantStatus(t, e.do(req{method: http.MethodPut, body: "x"}), http.StatusCreated)
+	wantStatus(t, e.do(req{method: http.MethodGet}), http.StatusCreated)
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	e.wantCalls(3)
+}
+
+func TestRequireKeyRejectsSafeMethods(t *testing.T) {
+	_, err := proxy.New(proxy.Config{
+		Upstream: newUpstream(t).url(), Store: newEnv(t).mem, Tenancy: mustResolver(t),
+		RequireKey: []string{"GET"},
+	})
+	if err == nil {
+		t.Fatal("GET accepted as a method that must carry a key")
+	}
+}
+
+func mustResolver(t *testing.T) *tenancy.Resolver {
+	t.Helper()
+	r, err := tenancy.New(context.Background(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestLockTimeoutMustExceedUpstreamTimeout(t *testing.T) {
+	_, err := proxy.New(proxy.Config{
+		Upstream: newUpstream(t).url(), Store: newEnv(t).mem, Tenancy: mustResolver(t),
+		LockTimeout: time.Second, UpstreamTimeout: time.Second,
+	})
+	if err == nil || !strings.Contains(err.Error(), "must exceed") {
+		t.Fatalf("got %v, want an error saying the lock timeout must exceed the upstream timeout", err)
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	e := newEnv(t)
+	other := uuid.New().String()
+	wantStatus(t, e.do(req{key: "shared", body: "a"}), http.StatusCreated)
+	// Same key, another tenant, another body: its own key space.
+	resp := e.do(req{key: "shared", body: "b", tenant: other})
+	wantStatus(t, resp, http.StatusCreated)
+	if resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatal("another tenant's record was replayed")
+	}
+	e.wantCalls(2)
+	resp = e.do(req{key: "shared", body: "a"})
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("the first tenant's record was lost")
+	}
+	e.wantCalls(2)
+}
+
+func TestKeyForms(t *testing.T) {
+	e := newEnv(t)
+	wantStatus(t, e.do(req{key: `"abc"`}), http.StatusCreated)
+	// Bare and quoted forms name the same key; so do repeated equal headers.
+	for _, r := range []req{{key: "abc"}, {keys: []string{"abc", `"abc"`}}} {
+		resp := e.do(r)
+		if resp.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%v: not replayed", r)
+		}
+	}
+	wantStatus(t, e.do(req{key: `"a\"b\\c"`}), http.StatusCreated)
+	if resp := e.do(req{key: `a"b\c`}); resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("escaped quoted key differs from its bare form")
+	}
+	e.wantCalls(2)
+}
+
+// TestBadInput: every malformed request is a 4xx problem, nothing is
+// forwarded and nothing is stored.
+func TestBadInput(t *testing.T) {
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
+	tenant := e.tenant.String()
+	cases := []struct {
+		name   string
+		keys   []string
+		tenant []string
+		body   string
+		chunk  bool
+		status int
+		slug   string
+		detail string
+	}{
+		{name: "empty key", keys: []string{""}, status: 400, slug: "invalid-key"},
+		{name: "quoted empty key", keys: []string{`""`}, status: 400, slug: "invalid-key"},
+		{name: "256-char key", keys: []string{strings.Repeat("k", 256)}, status: 400, slug: "invalid-key"},
+		{name: "tab", keys: []string{"a\tb"}, status: 400, slug: "invalid-key"},
+		{name: "control char", keys: []string{"a\x01b"}, status: 400, slug: "invalid-key"},
+		{name: "DEL", keys: []string{"a\x7fb"}, status: 400, slug: "invalid-key"},
+		{name: "non-ASCII", keys: []string{"clé"}, status: 400, slug: "invalid-key"},
+		{name: "CR LF", keys: []string{"a\r\nX-Evil: 1"}, status: 400, slug: "invalid-key"},
+		{name: "unterminated quote", keys: []string{`"abc`}, status: 400, slug: "invalid-key"},
+		{name: "bad escape", keys: []string{`"a\bc"`}, status: 400, slug: "invalid-key"},
+		{name: "text after quote", keys: []string{`"abc";x=1`}, status: 400, slug: "invalid-key"},
+		{name: "leading space in quotes", keys: []string{`" abc"`}, status: 400, slug: "invalid-key"},
+		{name: "two different keys", keys: []string{"a", "b"}, status: 400, slug: "invalid-key"},
+		{name: "non-UUID tenant", keys: []string{"k"}, tenant: []string{"acme"}, status: 400, slug: "invalid-tenant"},
+		{name: "empty tenant", keys: []string{"k"}, tenant: []string{""}, status: 400, slug: "invalid-tenant"},
+		{name: "two different tenants", keys: []string{"k"}, tenant: []string{tenant, uuid.NewString()}, status: 400, slug: "invalid-tenant"},
+		{name: "no tenant", keys: []string{"k"}, status: 400, slug: "tenant-required",
+			detail: "idempotency: TenantID required when IdempotencyKey is set"},
+		{name: "body over the limit", keys: []string{"k"}, tenant: []string{tenant}, body: strings.Repeat("x", 17), status: 413, slug: "body-too-large"},
+		{name: "chunked body over the limit", keys: []string{"k"}, tenant: []string{tenant}, body: strings.Repeat("x", 17), chunk: true, status: 413, slug: "body-too-large"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(c.body))
+			if c.chunk {
+				r.ContentLength = -1
+			}
+			r.Header["Idempotency-Key"] = c.keys
+			if c.tenant != nil {
+				r.Header["X-Tenant-Id"] = c.tenant
+			} else if c.slug != "tenant-required" {
+				r.Header.Set("X-Tenant-ID", tenant)
+			}
+			rec := httptest.NewRecorder()
+			e.proxy.ServeHTTP(rec, r)
+			p := wantProblem(t, rec.Result(), c.status, c.slug)
+			if c.detail != "" && p["detail"] != c.detail {
+				t.Fatalf("detail: got %q, want %q", p["detail"], c.detail)
+			}
+			e.wantCalls(0)
+			if n := e.mem.Len(); n != 0 {
+				t.Fatalf("store holds %d entries, want 0", n)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeRejected)); got != float64(len(cases)) {
+		t.Fatalf("rejected outcomes: got %v, want %d", got, len(cases))
+	}
+}
+
+func TestBodyAtTheLimitIsForwarded(t *testing.T) {
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
+	wantStatus(t, e.do(req{key: "k", body: strings.Repeat("x", 16)}), http.StatusCreated)
+	e.wantCalls(1)
+	if got := e.up.bodies[0]; got != strings.Repeat("x", 16) {
+		t.Fatalf("upstream body: got %q", got)
+	}
+}
+
+func TestForwardedHeaders(t *testing.T) {
+	e := newEnv(t)
+	resp := e.do(req{key: `"order-7"`, headers: map[string]string{"Idempotency-Command-Id": "spoofed"}})
+	wantStatus(t, resp, http.StatusCreated)
+	got := e.up.lastRequest()
+	if v := got.Header.Get("Idempotency-Key"); v != `"order-7"` {
+		t.Fatalf("upstream Idempotency-Key: got %q, want the client's header", v)
+	}
+	if v := got.Header.Get("Idempotency-Command-Id"); v != resp.Header.Get("Idempotency-Command-Id") || v == "" {
+		t.Fatalf("upstream Idempotency-Command-Id: got %q, want %q", v, resp.Header.Get("Idempotency-Command-Id"))
+	}
+	if got.Header.Get("X-Forwarded-For") == "" {
+		t.Fatal("X-Forwarded-For not set")
+	}
+	// A client cannot hand the upstream a command id of its own.
+	e.do(req{tenant: "-", headers: map[string]string{"Idempotency-Command-Id": "spoofed"}})
+	if v := e.up.lastRequest().Header.Get("Idempotency-Command-Id"); v != "" {
+		t.Fatalf("client's Idempotency-Command-Id reached the upstream: %q", v)
+	}
+}
+
+func TestReplayModeLargeResponse(t *testing.T) {
+	e := newEnv(t, withMode(proxy.ModeReplay), func(c *proxy.Config, _ *tenancy.Config) { c.ReplayMaxBytes = 8 })
+	big := strings.Repeat("y", 100)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		io.WriteString(w, big)
+	})
+	resp := e.do(req{key: "big"})
+	wantStatus(t, resp, http.StatusAccepted)
+	if body := readBody(t, resp); body != big {
+		t.Fatalf("first response body cut: got %d bytes", len(body))
+	}
+	// Too large to keep: replays like noop, status only.
+	resp = e.do(req{key: "big"})
+	wantStatus(t, resp, http.StatusAccepted)
+	if body := readBody(t, resp); body != "" || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay of an uncaptured response: body %q, headers %v", body, resp.Header)
+	}
+	e.wantCalls(1)
+}
+
+// TestTransportDoesNotResend: net/http's Transport resends a request with
+// an Idempotency-Key header when a reused connection dies before the
+// answer. The upstream did receive it, so the proxy must not resend.
+func TestTransportDoesNotResend(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	received := 0
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := newConnReader(conn)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, r.Body)
+					mu.Lock()
+					received++
+					n := received
+					mu.Unlock()
+					if n > 1 {
+						return // read it, then hang up without answering
+					}
+					io.WriteString(conn, "HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+				}
+			}()
+		}
+	}()
+	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = ln.Addr().String() })
+	wantStatus(t, e.do(req{key: "first"}), http.StatusCreated)
+	// Same pooled connection; an empty POST body is what the Transport
+	// would otherwise consider safe to replay.
+	wantProblem(t, e.do(req{key: "second"}), http.StatusBadGateway, "upstream-no-response")
+	mu.Lock()
+	defer mu.Unlock()
+	if received != 2 {
+		t.Fatalf("upstream received %d requests, want 2 (the second must not be resent)", received)
+	}
+}
+
+func TestTokensAtTheProxy(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	e := newEnv(t, func(_ *proxy.Config, tc *tenancy.Config) {
+		tc.Sources = []tenancy.Source{tenancy.SourceJWT}
+		tc.HS256Secret = secret
+	})
+	token := func(key []byte, tenant string, exp time.Duration) string {
+		s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+			"tenant_id": tenant, "exp": time.Now().Add(exp).Unix(),
+		}).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	auth := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+	tenant := e.tenant.String()
+
+	for name, tok := range map[string]string{
+		"forged":  token([]byte("another-secret-another-secret-xx"), tenant, time.Hour),
+		"expired": token(secret, tenant, -time.Hour),
+		"garbage": "a.b.c",
+	} {
+		t.Run(name, func(t *testing.T) {
+			wantProblem(t, e.do(req{key: "k", tenant: "-", headers: auth(tok)}), http.StatusUnauthorized, "unauthorized")
+		})
+	}
+	e.wantCalls(0)
+	// The tenant header alone is not a source here.
+	wantProblem(t, e.do(req{key: "k"}), http.StatusBadRequest, "tenant-required")
+	// A spoofed header cannot move the command to another tenant.
+	good := token(secret, tenant, time.Hour)
+	wantProblem(t, e.do(req{key: "k", tenant: uuid.NewString(), headers: auth(good)}), http.StatusBadRequest, "tenant-conflict")
+	e.wantCalls(0)
+	wantStatus(t, e.do(req{key: "k", tenant: "-", headers: auth(good)}), http.StatusCreated)
+	e.wantCalls(1)
+	// Replays are authenticated too.
+	wantProblem(t, e.do(req{key: "k", tenant: "-", headers: auth(token(secret, tenant, -time.Hour))}), http.StatusUnauthorized, "unauthorized")
+	// Unkeyed requests are not checked: the upstream does its own auth.
+	wantStatus(t, e.do(req{tenant: "-", headers: auth("a.b.c")}), http.StatusCreated)
+	e.wantCalls(2)
+	if n := e.mem.Len(); n != 1 {
+		t.Fatalf("store holds %d entries, want 1", n)
+	}
+}
