@@ -142,8 +142,12 @@ func runDemo(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
+	host, port, _ := net.SplitHostPort(cfg.ListenAddr)
+	if host == "" {
+		host = "localhost"
+	}
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
-		"try", "curl -i -X POST localhost"+cfg.ListenAddr+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
+		"try", "curl -i -X POST "+net.JoinHostPort(host, port)+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
 	err = serve(ctx, cfg, stdout)
 	cancel()
 	if uerr := <-errc; err == nil {

@@ -57,6 +57,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemo(ctx, getenv, stdout)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, getenv, stdout)
+	case "healthcheck":
+		return healthcheck(ctx, getenv)
 	case "version":
 		fmt.Fprintln(stdout, "idemproxy", versionString())
 		return nil
@@ -67,6 +69,34 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		printHelp(stderr)
 		return fmt.Errorf("unknown command %q", cmd)
 	}
+}
+
+// healthcheck GETs /healthz on the local admin listener; it is the
+// container image's HEALTHCHECK, which has no shell or curl to run.
+func healthcheck(ctx context.Context, getenv func(string) string) error {
+	addr := getenv("IDEMPROXY_ADMIN_ADDR")
+	if addr == "" {
+		addr = ":9090"
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("healthcheck: IDEMPROXY_ADMIN_ADDR: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort("127.0.0.1", port)+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: /healthz answered %d", resp.StatusCode)
+	}
+	return nil
 }
 
 func versionString() string {

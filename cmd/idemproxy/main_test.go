@@ -408,3 +408,19 @@ func TestVersion(t *testing.T) {
 		t.Fatal("unknown command accepted")
 	}
 }
+
+func TestHealthcheckCommand(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL})
+	env := map[string]string{"IDEMPROXY_ADMIN_ADDR": strings.TrimPrefix(s.admin, "http://")}
+	if err := run(context.Background(), []string{"idemproxy", "healthcheck"}, mapEnv(env), io.Discard, io.Discard); err != nil {
+		t.Fatalf("healthcheck of a running proxy: %v", err)
+	}
+	s.cancel()
+	if err := s.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), []string{"idemproxy", "healthcheck"}, mapEnv(env), io.Discard, io.Discard); err == nil {
+		t.Fatal("healthcheck of a stopped proxy succeeded")
+	}
+}
