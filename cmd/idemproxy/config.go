@@ -29,6 +29,12 @@ type Config struct {
 	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
 	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
 
+	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
+	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout; 1.5x bounds each store operation"`
+	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
+	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
+
 	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," desc:"ordered list of header, jwt"`
 	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
 	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" desc:"JWT claim carrying the tenant UUID"`
@@ -191,6 +197,18 @@ func (c Config) validate() error {
 	}
 	if c.MemoryMaxKeys <= 0 {
 		bad("IDEMPROXY_MEMORY_MAX_ENTRIES", "must be positive, got %d", c.MemoryMaxKeys)
+	}
+	if c.DBMaxConns < 1 || c.DBMaxConns > 10000 {
+		bad("IDEMPROXY_DB_MAX_CONNS", "must be between 1 and 10000, got %d", c.DBMaxConns)
+	}
+	if c.DBStatementTimeout < time.Millisecond {
+		bad("IDEMPROXY_DB_STATEMENT_TIMEOUT", "must be at least 1ms, got %s", c.DBStatementTimeout)
+	}
+	if c.PurgeInterval <= 0 {
+		bad("IDEMPROXY_PURGE_INTERVAL", "must be a positive duration, got %s", c.PurgeInterval)
+	}
+	if c.PurgeBatch < 1 || c.PurgeBatch > 100000 {
+		bad("IDEMPROXY_PURGE_BATCH", "must be between 1 and 100000, got %d", c.PurgeBatch)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)

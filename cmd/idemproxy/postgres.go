@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+var (
+	_ proxy.Store = (*store.Memory)(nil)
+	_ proxy.Store = (*store.Postgres)(nil)
+)
+
+// pgStore is the Postgres store as the server runs it: with its purge
+// loop, its migrations retried in the background while the database was
+// unreachable at start, and the idemproxy_purged_rows_total counter. It is
+// a prometheus.Collector for that counter.
+type pgStore struct {
+	*store.Postgres
+	purged prometheus.Counter
+	// pending is set while the migrations at start are still to be applied;
+	// Ping then fails so that /readyz reports not ready.
+	pending atomic.Bool
+}
+
+// Ping fails while the migrations at start are pending, then reports
+// whether the database is reachable.
+func (s *pgStore) Ping(ctx context.Context) error {
+	if s.pending.Load() {
+		return fmt.Errorf("%w: postgres migrations not applied yet", idemproxy.ErrUnavailable)
+	}
+	return s.Postgres.Ping(ctx)
+}
+
+// Describe implements prometheus.Collector.
+func (s *pgStore) Describe(ch chan<- *prometheus.Desc) { s.purged.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
+
+// openPostgres opens the Postgres store for serve. It does not need the
+// database to be up: when IDEMPROXY_MIGRATE is on and the database cannot
+// be reached, the migrations are retried in the background (keyed
+// requests get 503 and /readyz is not ready meanwhile); a migration that
+// fails on a reachable database is an error. It starts the purge loop.
+// The returned store is also a prometheus.Collector of
+// idemproxy_purged_rows_total; the close function stops the background
+// work and closes the pool.
+func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
+		URL:              cfg.DatabaseURL,
+		MaxConns:         cfg.DBMaxConns,
+		StatementTimeout: cfg.DBStatementTimeout,
+		Logger:           log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("IDEMPROXY_DATABASE_URL: %w", err)
+	}
+	s := &pgStore{
+		Postgres: pg,
+		purged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_purged_rows_total",
+			Help: "Expired idempotency keys (records and abandoned locks) deleted from Postgres by this replica.",
+		}),
+	}
+
+	// Background work outlives ctx's end, so that the store keeps working
+	// while serve drains; the close function stops it.
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	closeStore := func() {
+		stop()
+		wg.Wait()
+		pg.Close()
+	}
+
+	if cfg.Migrate {
+		err := store.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log})
+		switch {
+		case err == nil:
+		case errors.Is(err, idemproxy.ErrUnavailable):
+			log.Error("postgres unreachable at start: migrations will be retried in the background; "+
+				"keyed requests are answered 503 until then", "error", err)
+			s.pending.Store(true)
+			wg.Go(func() { s.migrateLater(bg, cfg.DatabaseURL, log) })
+		default:
+			closeStore()
+			return nil, nil, fmt.Errorf("postgres migrations: %w", err)
+		}
+	}
+
+	wg.Go(func() {
+		pg.RunPurge(bg, cfg.PurgeInterval, cfg.PurgeBatch, func(n int64) { s.purged.Add(float64(n)) })
+	})
+	return s, closeStore, nil
+}
+
+// migrateLater retries the migrations until they are applied or ctx ends,
+// waiting longer after each failure, up to 30 seconds.
+func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slog.Logger) {
+	wait := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		err := store.Migrate(ctx, databaseURL, "up", migrationLog{log})
+		if err == nil {
+			s.pending.Store(false)
+			log.Info("postgres migrations applied; the store is ready")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Error("postgres migrations still not applied; retrying", "error", err, "retry_in", wait.String())
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// migrationLog turns the lines Migrate writes into log records.
+type migrationLog struct{ log *slog.Logger }
+
+func (m migrationLog) Write(p []byte) (int, error) {
+	for line := range strings.Lines(string(p)) {
+		if line = strings.TrimSpace(line); line != "" {
+			m.log.Info("postgres migration", "result", line)
+		}
+	}
+	return len(p), nil
+}
+
+// runMigrate is the migrate command: args are the words after "migrate",
+// exactly one of up (apply all pending), down (roll back the latest) or
+// status. It reads IDEMPROXY_DATABASE_URL.
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) != 1 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
+		return errors.New("usage: idemproxy migrate up|down|status")
+	}
+	dbURL := getenv("IDEMPROXY_DATABASE_URL")
+	if dbURL == "" {
+		return errors.New("IDEMPROXY_DATABASE_URL is required for idemproxy migrate")
+	}
+	if err := store.Migrate(ctx, dbURL, args[0], stdout); err != nil {
+		return fmt.Errorf("migrate %s: %w", args[0], err)
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/faultnet"
+)
+
+// pgTestURL returns TEST_DATABASE_URL (or its default). Without a
+// reachable database it skips loudly, or fails under CI=true.
+func pgTestURL(t *testing.T) string {
+	t.Helper()
+	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Postgres at TEST_DATABASE_URL is required under CI=true: %v", err)
+		}
+		t.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL: %v (under CI=true this is a failure)", err)
+	}
+	conn.Close(context.Background())
+	return dbURL
+}
+
+// pgSchema creates a schema dropped when the test ends and returns dbURL
+// with it as search_path.
+func pgSchema(t *testing.T, dbURL string) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idemproxy_cmd_test_" + hex.EncodeToString(b)
+	pgExec(t, dbURL, "CREATE SCHEMA "+name)
+	t.Cleanup(func() { pgExec(t, dbURL, "DROP SCHEMA "+name+" CASCADE") })
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func pgExec(t *testing.T, dbURL, sql string, args ...any) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func envOf(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestPostgresConfig(t *testing.T) {
+	base := map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
+	cfg, err := loadConfig(envOf(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Migrate || cfg.DBMaxConns != 20 || cfg.DBStatementTimeout != 2*time.Second ||
+		cfg.PurgeInterval != time.Minute || cfg.PurgeBatch != 1000 {
+		t.Errorf("defaults: migrate %v, max conns %d, statement timeout %s, purge every %s by %d",
+			cfg.Migrate, cfg.DBMaxConns, cfg.DBStatementTimeout, cfg.PurgeInterval, cfg.PurgeBatch)
+	}
+	for name, value := range map[string]string{
+		"IDEMPROXY_MIGRATE":              "perhaps",
+		"IDEMPROXY_DB_MAX_CONNS":         "0",
+		"IDEMPROXY_DB_STATEMENT_TIMEOUT": "0s",
+		"IDEMPROXY_PURGE_INTERVAL":       "-1m",
+		"IDEMPROXY_PURGE_BATCH":          "0",
+	} {
+		env := map[string]string{name: value}
+		for k, v := range base {
+			env[k] = v
+		}
+		_, err := loadConfig(envOf(env))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%s: got %v, want an error naming the variable", name, value, err)
+		}
+	}
+}
+
+func TestRunMigrateUsage(t *testing.T) {
+	for _, args := range [][]string{nil, {"sideways"}, {"up", "down"}} {
+		err := runMigrate(t.Context(), args, envOf(map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://x/y"}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "usage") {
+			t.Errorf("migrate %v: got %v, want the usage", args, err)
+		}
+	}
+	err := runMigrate(t.Context(), []string{"up"}, envOf(nil), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DATABASE_URL") {
+		t.Errorf("migrate without a URL: got %v, want an error naming IDEMPROXY_DATABASE_URL", err)
+	}
+}
+
+func TestRunMigrate(t *testing.T) {
+	dbURL := pgSchema(t, pgTestURL(t))
+	env := envOf(map[string]string{"IDEMPROXY_DATABASE_URL": dbURL})
+	for _, step := range []struct{ cmd, want string }{
+		{"status", "pending"},
+		{"up", "up 00001_idempotency_keys.sql"},
+		{"up", "no migrations to apply"},
+		{"status", "applied"},
+		{"down", "down 00001_idempotency_keys.sql"},
+		{"status", "pending"},
+		{"up", "up 00001_idempotency_keys.sql"},
+	} {
+		var out bytes.Buffer
+		if err := runMigrate(t.Context(), []string{step.cmd}, env, &out); err != nil {
+			t.Fatalf("migrate %s: %v", step.cmd, err)
+		}
+		if !strings.Contains(out.String(), step.want) {
+			t.Errorf("migrate %s said %q, want %q in it", step.cmd, out.String(), step.want)
+		}
+	}
+}
+
+func testPostgresConfig(dbURL string) Config {
+	return Config{
+		Store: "postgres", DatabaseURL: dbURL, Migrate: true, DBMaxConns: 4,
+		DBStatementTimeout: time.Second, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 100,
+	}
+}
+
+func TestOpenPostgres(t *testing.T) {
+	dbURL := pgSchema(t, pgTestURL(t))
+	log := slog.New(slog.DiscardHandler)
+	st, closeStore, err := openPostgres(t.Context(), testPostgresConfig(dbURL), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeStore()
+	if err := st.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	res, err := st.Claim(t.Context(), idemproxy.Claim{
+		Tenant: uuid.New(), Key: "k", CommandID: uuid.New(), CommandType: "POST /x", Owner: uuid.New(), Lease: time.Minute,
+	})
+	if err != nil || !res.Claimed {
+		t.Fatalf("Claim on the migrated schema: %+v, %v", res, err)
+	}
+
+	// The purge loop deletes expired rows and counts them.
+	pgExec(t, dbURL, `INSERT INTO idempotency_keys
+		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint, created_at, expires_at, status)
+		SELECT $1, 'k' || i, gen_random_uuid(), 'POST /x', 'succeeded', gen_random_uuid(),
+			decode(repeat('00', 32), 'hex'), now() - interval '2 days', now() - interval '1 day', 200
+		FROM generate_series(1, 250) AS i`, uuid.New())
+	collector, ok := st.(prometheus.Collector)
+	if !ok {
+		t.Fatal("the Postgres store is not a prometheus.Collector")
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(collector); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if testutil.ToFloat64(collector) == 250 {
+			break
+		}
+	}
+	if got := testutil.ToFloat64(collector); got != 250 {
+		t.Errorf("idemproxy_purged_rows_total = %v, want 250", got)
+	}
+	n, err := testutil.GatherAndCount(reg, "idemproxy_purged_rows_total")
+	if err != nil || n != 1 {
+		t.Errorf("gathering idemproxy_purged_rows_total: %d series, %v", n, err)
+	}
+}
+
+// TestOpenPostgresDatabaseDown: the server starts with the database down,
+// is not ready, and becomes ready (migrations applied) once it is up.
+func TestOpenPostgresDatabaseDown(t *testing.T) {
+	dbURL := pgSchema(t, pgTestURL(t))
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := faultnet.New(u.Host)
+	defer fn.Close()
+	u.Host = fn.Addr()
+	fn.Cut()
+
+	st, closeStore, err := openPostgres(t.Context(), testPostgresConfig(u.String()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("openPostgres with the database down: %v", err)
+	}
+	defer closeStore()
+	if err := st.Ping(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Errorf("Ping with the database down: got %v, want ErrUnavailable", err)
+	}
+	fn.Restore()
+	var pingErr error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if pingErr = st.Ping(t.Context()); pingErr == nil {
+			break
+		}
+	}
+	if pingErr != nil {
+		t.Fatalf("never ready after the database came up: %v", pingErr)
+	}
+	if _, err := st.Lookup(t.Context(), uuid.New(), "k"); !errors.Is(err, idemproxy.ErrNotFound) {
+		t.Errorf("Lookup once ready: got %v, want ErrNotFound (the table exists)", err)
+	}
+}
+
+// TestOpenPostgresBrokenMigration: a reachable database on which the
+// migrations fail stops the start.
+func TestOpenPostgresBrokenMigration(t *testing.T) {
+	dbURL := pgSchema(t, pgTestURL(t))
+	// A table of the same name, made by hand, makes the migration fail.
+	pgExec(t, dbURL, "CREATE TABLE idempotency_keys (x int)")
+	_, _, err := openPostgres(t.Context(), testPostgresConfig(dbURL), slog.New(slog.DiscardHandler))
+	if err == nil || errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Errorf("got %v, want a migration error", err)
+	}
+	if err != nil && !strings.Contains(err.Error(), "migration") {
+		t.Errorf("%q does not say the migrations failed", err)
+	}
+}
