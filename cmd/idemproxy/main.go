@@ -57,6 +57,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemo(ctx, getenv, stdout)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, getenv, stdout)
+	case "migrate":
+		return runMigrate(ctx, args[2:], getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, getenv)
 	case "version":
@@ -141,6 +143,9 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if c, ok := st.(prometheus.Collector); ok {
+		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
+	}
 	metrics := proxy.NewMetrics(reg)
 	upstream, _ := url.Parse(cfg.UpstreamURL)
 	p, err := proxy.New(proxy.Config{
@@ -220,11 +225,13 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 }
 
 // openStore builds the configured store and the function that closes it.
-func openStore(_ context.Context, cfg Config, _ *slog.Logger) (proxy.Store, func(), error) {
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
 		m := store.NewMemory(store.MemoryOptions{MaxEntries: cfg.MemoryMaxKeys})
 		return m, func() { m.Close() }, nil
+	case "postgres":
+		return openPostgres(ctx, cfg, log)
 	default:
 		return nil, nil, fmt.Errorf("IDEMPROXY_STORE=%s is not available in this build", cfg.Store)
 	}
