@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -101,17 +102,59 @@ type env struct {
 	t       *testing.T
 	up      *upstream
 	mem     *store.Memory
+	store   proxy.Store
 	clock   *clock
 	srv     *httptest.Server
 	proxy   *proxy.Proxy
 	metrics *proxy.Metrics
 	tenant  uuid.UUID
+	// postgres is set when the env runs on the Postgres store.
+	postgres bool
 }
 
-type option func(*proxy.Config, *tenancy.Config)
+// option adjusts an env before its proxy is built.
+type option func(*env, *proxy.Config, *tenancy.Config)
 
 func withMode(m proxy.Mode) option {
-	return func(c *proxy.Config, _ *tenancy.Config) { c.Mode = m }
+	return func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Mode = m }
+}
+
+// memoryStore is the default: an in-process store on the env's fake clock.
+func memoryStore(*env, *proxy.Config, *tenancy.Config) {}
+
+// postgresStore runs the env on the real Postgres at TEST_DATABASE_URL.
+func postgresStore(e *env, c *proxy.Config, _ *tenancy.Config) {
+	pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: pgtest.URL(e.t)})
+	if err != nil {
+		e.t.Fatalf("NewPostgres: %v", err)
+	}
+	e.t.Cleanup(pg.Close)
+	c.Store = pg
+	e.postgres = true
+}
+
+// forEachStore runs a test once per store.
+func forEachStore(t *testing.T, f func(t *testing.T, st option)) {
+	t.Run("memory", func(t *testing.T) { f(t, memoryStore) })
+	t.Run("postgres", func(t *testing.T) { f(t, postgresStore) })
+}
+
+// advance lets d pass for the env's tenant: on the fake clock for the
+// memory store, by ageing the tenant's rows for Postgres.
+func (e *env) advance(d time.Duration) {
+	if e.postgres {
+		pgtest.Age(e.t, e.tenant, d)
+		return
+	}
+	e.clock.Advance(d)
+}
+
+// entries counts what the store holds for the env's tenant.
+func (e *env) entries() int {
+	if e.postgres {
+		return pgtest.Count(e.t, e.tenant)
+	}
+	return e.mem.Len()
 }
 
 func newEnv(t *testing.T, opts ...option) *env {
@@ -129,8 +172,9 @@ func newEnv(t *testing.T, opts ...option) *env {
 	}
 	tc := tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}}
 	for _, o := range opts {
-		o(&cfg, &tc)
+		o(e, &cfg, &tc)
 	}
+	e.store = cfg.Store
 	e.metrics = cfg.Metrics
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -253,7 +297,7 @@ func newEnvWithStoreLimit(t *testing.T, max int) *env {
 	c := newClock()
 	m := store.NewMemory(store.MemoryOptions{MaxEntries: max, Now: c.Now, SweepInterval: -1})
 	t.Cleanup(func() { m.Close() })
-	e = newEnv(t, func(cfg *proxy.Config, _ *tenancy.Config) { cfg.Store = m })
+	e = newEnv(t, func(_ *env, cfg *proxy.Config, _ *tenancy.Config) { cfg.Store = m })
 	e.mem, e.clock = m, c
 	return e
 }

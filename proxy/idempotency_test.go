@@ -24,10 +24,12 @@ import (
 )
 
 // TestStateTable walks SPEC §4's first table in every mode.
-func TestStateTable(t *testing.T) {
+func TestStateTable(t *testing.T) { forEachStore(t, testStateTable) }
+
+func testStateTable(t *testing.T, st option) {
 	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
 		t.Run(string(mode), func(t *testing.T) {
-			e := newEnv(t, withMode(mode))
+			e := newEnv(t, st, withMode(mode))
 			first := req{key: "order-1", body: `{"item":"book"}`}
 
 			// Nothing stored: claim, forward once, record.
@@ -68,7 +70,7 @@ func TestStateTable(t *testing.T) {
 					t.Fatalf("strict problem members: got %v", p)
 				}
 				created, err := time.Parse(time.RFC3339Nano, fmt.Sprint(p["created_at"]))
-				if err != nil || !created.Equal(e.clock.Now()) {
+				if err != nil || (!e.postgres && !created.Equal(e.clock.Now())) || (e.postgres && time.Since(created).Abs() > time.Minute) {
 					t.Fatalf("created_at: got %v (%v), want %v", p["created_at"], err, e.clock.Now())
 				}
 			case proxy.ModeReplay:
@@ -97,7 +99,7 @@ func TestStateTable(t *testing.T) {
 			e.wantCalls(1)
 
 			// Record past its expiry: treated as nothing.
-			e.clock.Advance(time.Hour + time.Second)
+			e.advance(time.Hour + time.Second)
 			wantStatus(t, e.do(first), http.StatusCreated)
 			e.wantCalls(2)
 		})
@@ -121,8 +123,10 @@ func blockingUpstream(t *testing.T, e *env) (entered chan struct{}, release func
 	return entered, release
 }
 
-func TestInFlight(t *testing.T) {
-	e := newEnv(t)
+func TestInFlight(t *testing.T) { forEachStore(t, testInFlight) }
+
+func testInFlight(t *testing.T, st option) {
+	e := newEnv(t, st)
 	entered, release := blockingUpstream(t, e)
 	first := req{key: "k", body: "a"}
 	done := make(chan *http.Response)
@@ -152,10 +156,12 @@ func TestInFlight(t *testing.T) {
 	}
 }
 
-func TestUpstreamNon2xxReleases(t *testing.T) {
+func TestUpstreamNon2xxReleases(t *testing.T) { forEachStore(t, testUpstreamNon2xxReleases) }
+
+func testUpstreamNon2xxReleases(t *testing.T, st option) {
 	for _, code := range []int{http.StatusBadRequest, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
-			e := newEnv(t)
+			e := newEnv(t, st)
 			e.up.set(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/plain")
 				w.WriteHeader(code)
@@ -176,7 +182,9 @@ func TestUpstreamNon2xxReleases(t *testing.T) {
 	}
 }
 
-func TestUpstreamRefusedReleases(t *testing.T) {
+func TestUpstreamRefusedReleases(t *testing.T) { forEachStore(t, testUpstreamRefusedReleases) }
+
+func testUpstreamRefusedReleases(t *testing.T, st option) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +192,7 @@ func TestUpstreamRefusedReleases(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = addr })
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = addr })
 	p := wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-unreachable")
 	if p["detail"] == "" {
 		t.Fatal("no detail")
@@ -207,8 +215,10 @@ func TestUpstreamRefusedReleases(t *testing.T) {
 	e.wantCalls(1)
 }
 
-func TestUpstreamTimeoutHoldsLock(t *testing.T) {
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
+func TestUpstreamTimeoutHoldsLock(t *testing.T) { forEachStore(t, testUpstreamTimeoutHoldsLock) }
+
+func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
 	entered, release := blockingUpstream(t, e)
 	wantProblem(t, e.do(req{key: "k"}), http.StatusGatewayTimeout, "upstream-timeout")
 	<-entered
@@ -216,13 +226,15 @@ func TestUpstreamTimeoutHoldsLock(t *testing.T) {
 	// Outcome unknown: the key stays locked until the lease ends.
 	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
 	e.wantCalls(1)
-	e.clock.Advance(10*time.Second + time.Millisecond)
+	e.advance(10*time.Second + time.Millisecond)
 	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	e.wantCalls(2)
 }
 
-func TestUpstreamResetHoldsLock(t *testing.T) {
-	e := newEnv(t)
+func TestUpstreamResetHoldsLock(t *testing.T) { forEachStore(t, testUpstreamResetHoldsLock) }
+
+func testUpstreamResetHoldsLock(t *testing.T, st option) {
+	e := newEnv(t, st)
 	e.up.set(func(w http.ResponseWriter, r *http.Request) {
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -265,9 +277,11 @@ func (f *failingStore) Complete(ctx context.Context, c idemproxy.Completion) err
 	return f.Store.Complete(ctx, c)
 }
 
-func TestRecordWriteFailureKeepsLock(t *testing.T) {
+func TestRecordWriteFailureKeepsLock(t *testing.T) { forEachStore(t, testRecordWriteFailureKeepsLock) }
+
+func testRecordWriteFailureKeepsLock(t *testing.T, st option) {
 	fs := &failingStore{complete: fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable)}
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 		fs.Store = c.Store
 		c.Store = fs
 	})
@@ -282,9 +296,11 @@ func TestRecordWriteFailureKeepsLock(t *testing.T) {
 	e.wantCalls(1)
 }
 
-func TestStoreUnavailableFailsClosed(t *testing.T) {
+func TestStoreUnavailableFailsClosed(t *testing.T) { forEachStore(t, testStoreUnavailableFailsClosed) }
+
+func testStoreUnavailableFailsClosed(t *testing.T, st option) {
 	fs := &failingStore{claim: fmt.Errorf("%w: dial tcp: connection refused", idemproxy.ErrUnavailable)}
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 		fs.Store = c.Store
 		c.Store = fs
 	})
@@ -321,8 +337,10 @@ func TestStoreFullFailsClosed(t *testing.T) {
 	small.wantCalls(3)
 }
 
-func TestConcurrentSameKey(t *testing.T) {
-	e := newEnv(t)
+func TestConcurrentSameKey(t *testing.T) { forEachStore(t, testConcurrentSameKey) }
+
+func testConcurrentSameKey(t *testing.T, st option) {
+	e := newEnv(t, st)
 	e.up.set(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(20 * time.Millisecond)
 		w.WriteHeader(http.StatusCreated)
@@ -377,8 +395,10 @@ func TestConcurrentSameKey(t *testing.T) {
 
 // A client that gives up mid-request does not cancel the command: the
 // upstream finishes, the record is written and the retry replays.
-func TestClientGivesUp(t *testing.T) {
-	e := newEnv(t)
+func TestClientGivesUp(t *testing.T) { forEachStore(t, testClientGivesUp) }
+
+func testClientGivesUp(t *testing.T, st option) {
+	e := newEnv(t, st)
 	entered, release := blockingUpstream(t, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/orders", strings.NewReader("x"))
@@ -401,7 +421,7 @@ func TestClientGivesUp(t *testing.T) {
 	// Wait (bounded) for the record: the proxy finishes on its own.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		ent, err := e.mem.Lookup(context.Background(), e.tenant, "gone")
+		ent, err := e.store.Lookup(context.Background(), e.tenant, "gone")
 		if err == nil && ent.State == idemproxy.StateSucceeded {
 			break
 		}
@@ -418,8 +438,10 @@ func TestClientGivesUp(t *testing.T) {
 	e.wantCalls(1)
 }
 
-func TestPassThrough(t *testing.T) {
-	e := newEnv(t, withMode(proxy.ModeStrict))
+func TestPassThrough(t *testing.T) { forEachStore(t, testPassThrough) }
+
+func testPassThrough(t *testing.T, st option) {
+	e := newEnv(t, st, withMode(proxy.ModeStrict))
 	// Safe methods pass untouched even with a key, twice.
 	for range 2 {
 		resp := e.do(req{method: http.MethodGet, key: "k"})
@@ -437,16 +459,18 @@ func TestPassThrough(t *testing.T) {
 		wantStatus(t, e.do(req{body: "x", tenant: "-"}), http.StatusCreated)
 	}
 	e.wantCalls(5)
-	if e.mem.Len() != 0 {
-		t.Fatalf("store holds %d entries after pass-through traffic, want 0", e.mem.Len())
+	if e.entries() != 0 {
+		t.Fatalf("store holds %d entries after pass-through traffic, want 0", e.entries())
 	}
 	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomePassthrough)); got != 5 {
 		t.Fatalf("passthrough outcomes: got %v, want 5", got)
 	}
 }
 
-func TestRequireKey(t *testing.T) {
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.RequireKey = []string{"post"} })
+func TestRequireKey(t *testing.T) { forEachStore(t, testRequireKey) }
+
+func testRequireKey(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.RequireKey = []string{"post"} })
 	wantProblem(t, e.do(req{body: "x"}), http.StatusBadRequest, "key-required")
 	e.wantCalls(0)
 	wantStatus(t, e.do(req{method: http.MethodPut, body: "x"}), http.StatusCreated)
@@ -484,8 +508,10 @@ func TestLockTimeoutMustExceedUpstreamTimeout(t *testing.T) {
 	}
 }
 
-func TestTenantIsolation(t *testing.T) {
-	e := newEnv(t)
+func TestTenantIsolation(t *testing.T) { forEachStore(t, testTenantIsolation) }
+
+func testTenantIsolation(t *testing.T, st option) {
+	e := newEnv(t, st)
 	other := uuid.New().String()
 	wantStatus(t, e.do(req{key: "shared", body: "a"}), http.StatusCreated)
 	// Same key, another tenant, another body: its own key space.
@@ -502,8 +528,10 @@ func TestTenantIsolation(t *testing.T) {
 	e.wantCalls(2)
 }
 
-func TestKeyForms(t *testing.T) {
-	e := newEnv(t)
+func TestKeyForms(t *testing.T) { forEachStore(t, testKeyForms) }
+
+func testKeyForms(t *testing.T, st option) {
+	e := newEnv(t, st)
 	wantStatus(t, e.do(req{key: `"abc"`}), http.StatusCreated)
 	// Bare and quoted forms name the same key; so do repeated equal headers.
 	for _, r := range []req{{key: "abc"}, {keys: []string{"abc", `"abc"`}}} {
@@ -521,8 +549,10 @@ func TestKeyForms(t *testing.T) {
 
 // TestBadInput: every malformed request is a 4xx problem, nothing is
 // forwarded and nothing is stored.
-func TestBadInput(t *testing.T) {
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
+func TestBadInput(t *testing.T) { forEachStore(t, testBadInput) }
+
+func testBadInput(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
 	tenant := e.tenant.String()
 	cases := []struct {
 		name   string
@@ -574,7 +604,7 @@ func TestBadInput(t *testing.T) {
 				t.Fatalf("detail: got %q, want %q", p["detail"], c.detail)
 			}
 			e.wantCalls(0)
-			if n := e.mem.Len(); n != 0 {
+			if n := e.entries(); n != 0 {
 				t.Fatalf("store holds %d entries, want 0", n)
 			}
 		})
@@ -584,8 +614,10 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestBodyAtTheLimitIsForwarded(t *testing.T) {
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
+func TestBodyAtTheLimitIsForwarded(t *testing.T) { forEachStore(t, testBodyAtTheLimitIsForwarded) }
+
+func testBodyAtTheLimitIsForwarded(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 16 })
 	wantStatus(t, e.do(req{key: "k", body: strings.Repeat("x", 16)}), http.StatusCreated)
 	e.wantCalls(1)
 	if got := e.up.bodies[0]; got != strings.Repeat("x", 16) {
@@ -593,8 +625,10 @@ func TestBodyAtTheLimitIsForwarded(t *testing.T) {
 	}
 }
 
-func TestForwardedHeaders(t *testing.T) {
-	e := newEnv(t)
+func TestForwardedHeaders(t *testing.T) { forEachStore(t, testForwardedHeaders) }
+
+func testForwardedHeaders(t *testing.T, st option) {
+	e := newEnv(t, st)
 	resp := e.do(req{key: `"order-7"`, headers: map[string]string{"Idempotency-Command-Id": "spoofed"}})
 	wantStatus(t, resp, http.StatusCreated)
 	got := e.up.lastRequest()
@@ -614,8 +648,10 @@ func TestForwardedHeaders(t *testing.T) {
 	}
 }
 
-func TestReplayModeLargeResponse(t *testing.T) {
-	e := newEnv(t, withMode(proxy.ModeReplay), func(c *proxy.Config, _ *tenancy.Config) { c.ReplayMaxBytes = 8 })
+func TestReplayModeLargeResponse(t *testing.T) { forEachStore(t, testReplayModeLargeResponse) }
+
+func testReplayModeLargeResponse(t *testing.T, st option) {
+	e := newEnv(t, st, withMode(proxy.ModeReplay), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.ReplayMaxBytes = 8 })
 	big := strings.Repeat("y", 100)
 	e.up.set(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
@@ -638,7 +674,9 @@ func TestReplayModeLargeResponse(t *testing.T) {
 // TestTransportDoesNotResend: net/http's Transport resends a request with
 // an Idempotency-Key header when a reused connection dies before the
 // answer. The upstream did receive it, so the proxy must not resend.
-func TestTransportDoesNotResend(t *testing.T) {
+func TestTransportDoesNotResend(t *testing.T) { forEachStore(t, testTransportDoesNotResend) }
+
+func testTransportDoesNotResend(t *testing.T, st option) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -673,7 +711,7 @@ func TestTransportDoesNotResend(t *testing.T) {
 			}()
 		}
 	}()
-	e := newEnv(t, func(c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = ln.Addr().String() })
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = ln.Addr().String() })
 	wantStatus(t, e.do(req{key: "first"}), http.StatusCreated)
 	// Same pooled connection; an empty POST body is what the Transport
 	// would otherwise consider safe to replay.
@@ -685,9 +723,11 @@ func TestTransportDoesNotResend(t *testing.T) {
 	}
 }
 
-func TestTokensAtTheProxy(t *testing.T) {
+func TestTokensAtTheProxy(t *testing.T) { forEachStore(t, testTokensAtTheProxy) }
+
+func testTokensAtTheProxy(t *testing.T, st option) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	e := newEnv(t, func(_ *proxy.Config, tc *tenancy.Config) {
+	e := newEnv(t, st, func(_ *env, _ *proxy.Config, tc *tenancy.Config) {
 		tc.Sources = []tenancy.Source{tenancy.SourceJWT}
 		tc.HS256Secret = secret
 	})
@@ -726,7 +766,7 @@ func TestTokensAtTheProxy(t *testing.T) {
 	// Unkeyed requests are not checked: the upstream does its own auth.
 	wantStatus(t, e.do(req{tenant: "-", headers: auth("a.b.c")}), http.StatusCreated)
 	e.wantCalls(2)
-	if n := e.mem.Len(); n != 1 {
+	if n := e.entries(); n != 1 {
 		t.Fatalf("store holds %d entries, want 1", n)
 	}
 }
