@@ -189,7 +189,11 @@ func newEnv(t *testing.T, opts ...option) *env {
 	}
 	e.proxy = p
 	e.srv = httptest.NewServer(p)
-	t.Cleanup(e.srv.Close)
+	t.Cleanup(func() {
+		e.srv.Close()
+		p.Close()
+		http.DefaultClient.CloseIdleConnections()
+	})
 	return e
 }
 

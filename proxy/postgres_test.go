@@ -39,7 +39,11 @@ func replica(t *testing.T, up *upstream, dbURL string) (*httptest.Server, *store
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		srv.Close()
+		p.Close()
+		http.DefaultClient.CloseIdleConnections()
+	})
 	return srv, pg
 }
 
@@ -214,8 +218,8 @@ func TestPostgresOutageFailsClosedAndHeals(t *testing.T) {
 	if got := up.calls.Load(); got != 2 {
 		t.Fatalf("unkeyed request not forwarded: calls %d, want 2", got)
 	}
-	if resp, err := http.Get(admin.URL + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz during the outage: %v %v", resp.StatusCode, err)
+	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz during the outage: got %d, want 503", status)
 	}
 
 	fn.Restore()
@@ -235,7 +239,18 @@ func TestPostgresOutageFailsClosedAndHeals(t *testing.T) {
 	if got := up.calls.Load(); got != 3 {
 		t.Fatalf("upstream calls: got %d, want 3", got)
 	}
-	if resp, err := http.Get(admin.URL + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("/readyz after the outage: %v %v", resp, err)
+	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusOK {
+		t.Fatalf("/readyz after the outage: got %d, want 200", status)
 	}
+}
+
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -183,6 +183,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.handler.ServeHTTP(w, r)
 }
 
+// Close closes the idle connections to the upstream. Call it once the
+// server in front of the proxy has shut down.
+func (p *Proxy) Close() {
+	if t, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+}
+
 // checked reports whether the request is subject to tenancy and
 // idempotency: a non-safe method carrying a key, or one that must.
 func (p *Proxy) checked(r *http.Request) bool {

@@ -217,6 +217,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	if aerr := adminSrv.Shutdown(sctx); err == nil {
 		err = aerr
 	}
+	p.Close()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}
