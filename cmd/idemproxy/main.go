@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runDemoUpstream(ctx, getenv, stdout)
 	case "migrate":
 		return runMigrate(ctx, args[2:], getenv, stdout)
+	case "keys":
+		return runKeys(ctx, args[2:], getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, getenv)
 	case "version":
@@ -76,17 +79,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // healthcheck GETs /healthz on the local admin listener; it is the
 // container image's HEALTHCHECK, which has no shell or curl to run.
 func healthcheck(ctx context.Context, getenv func(string) string) error {
-	addr := getenv("IDEMPROXY_ADMIN_ADDR")
-	if addr == "" {
-		addr = ":9090"
-	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
+	addr := cmp.Or(getenv("IDEMPROXY_ADMIN_ADDR"), ":9090")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("healthcheck: IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort("127.0.0.1", port)+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, defaultAdminURL(addr)+"/healthz", nil)
 	if err != nil {
 		return err
 	}

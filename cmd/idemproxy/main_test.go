@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
 )
 
@@ -75,6 +77,14 @@ func (s *started) wait(t *testing.T) error {
 // startRun runs the program with env, waits until /readyz answers 200.
 func startRun(t *testing.T, args []string, env map[string]string) *started {
 	t.Helper()
+	s := launch(t, args, env)
+	waitReady(t, s.admin)
+	return s
+}
+
+// launch runs the program with env and waits until it listens.
+func launch(t *testing.T, args []string, env map[string]string) *started {
+	t.Helper()
 	if env["IDEMPROXY_LISTEN_ADDR"] == "" {
 		env["IDEMPROXY_LISTEN_ADDR"] = "127.0.0.1:0"
 	}
@@ -99,7 +109,6 @@ func startRun(t *testing.T, args []string, env map[string]string) *started {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("run did not start listening\n%s", s.logs)
 	}
-	waitReady(t, s.admin)
 	return s
 }
 
@@ -422,5 +431,137 @@ func TestHealthcheckCommand(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"idemproxy", "healthcheck"}, mapEnv(env), io.Discard, io.Discard); err == nil {
 		t.Fatal("healthcheck of a stopped proxy succeeded")
+	}
+}
+
+func TestKeysCommand(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": "admin-token"})
+	tenant := uuid.NewString()
+	post(t, s.proxy+"/orders", "cli-1", tenant, "x")
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": "admin-token"}
+	keys := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(context.Background(), append([]string{"idemproxy", "keys"}, args...), mapEnv(env), &out, io.Discard)
+		return out.String(), err
+	}
+	out, err := keys("get", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1")
+	if err != nil || !strings.Contains(out, `"state":"succeeded"`) || !strings.Contains(out, `"status":201`) {
+		t.Fatalf("keys get: %q %v", out, err)
+	}
+	if out, err = keys("delete", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1"); err != nil || !strings.Contains(out, "deleted") {
+		t.Fatalf("keys delete: %q %v", out, err)
+	}
+	if _, err = keys("get", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("keys get after delete: %v, want a 404", err)
+	}
+	if _, err = keys("get", "-admin", s.admin, "-tenant", tenant); err == nil {
+		t.Fatal("keys get without -key accepted")
+	}
+	env["IDEMPROXY_ADMIN_TOKEN"] = "wrong"
+	if _, err = keys("get", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("keys get with a wrong token: %v, want a 401", err)
+	}
+}
+
+// A client that sends its headers slowly (slow-loris) is cut off after
+// IDEMPROXY_READ_HEADER_TIMEOUT; nothing reaches the upstream.
+func TestSlowHeadersAreCutOff(t *testing.T) {
+	up, calls := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_READ_HEADER_TIMEOUT": "300ms"})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.proxy, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\n")
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err = io.ReadAll(conn) // returns when the server closes the connection
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the server kept a connection with unfinished headers open")
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("upstream calls: %d, want 0", calls.Load())
+	}
+}
+
+func TestOversizedHeadersRefused(t *testing.T) {
+	up, calls := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_MAX_HEADER_BYTES": "4096"})
+	r, _ := http.NewRequest(http.MethodPost, s.proxy+"/orders", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", "big")
+	r.Header.Set("X-Tenant-ID", uuid.NewString())
+	r.Header.Set("X-Padding", strings.Repeat("p", 16<<10))
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("got %d, want 431", resp.StatusCode)
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("upstream calls: %d, want 0", calls.Load())
+	}
+}
+
+// Secrets never reach the logs, whatever goes wrong.
+func TestSecretsNotLogged(t *testing.T) {
+	const jwtSecret = "jwt-secret-0123456789-0123456789-abcdef"
+	const dbPassword = "db-password-7f3a9c"
+	up, calls := countingUpstream(t, nil)
+	s := launch(t, nil, map[string]string{
+		"IDEMPROXY_UPSTREAM_URL":     up.URL,
+		"IDEMPROXY_STORE":            "postgres",
+		"IDEMPROXY_DATABASE_URL":     "postgres://postgres:" + dbPassword + "@127.0.0.1:1/test?sslmode=disable&connect_timeout=1",
+		"IDEMPROXY_TENANT_SOURCE":    "jwt",
+		"IDEMPROXY_JWT_HS256_SECRET": jwtSecret,
+		"IDEMPROXY_LOG_LEVEL":        "debug",
+	})
+	// A token signed with nothing: the secret itself as the bearer value.
+	r, _ := http.NewRequest(http.MethodPost, s.proxy+"/orders", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", "k")
+	r.Header.Set("Authorization", "Bearer "+jwtSecret)
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("bad token: got %d, want 401", resp.StatusCode)
+	}
+	// A valid token: the unreachable database makes it fail closed, and
+	// the store error is logged.
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"tenant_id": uuid.NewString(), "exp": time.Now().Add(time.Hour).Unix(),
+	}).SignedString([]byte(jwtSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ = http.NewRequest(http.MethodPost, s.proxy+"/orders", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", "k")
+	r.Header.Set("Authorization", "Bearer "+tok)
+	resp, err = http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("database down: got %d, want 503", resp.StatusCode)
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("upstream calls: %d", calls.Load())
+	}
+	s.cancel()
+	s.wait(t)
+	logs := s.logs.String()
+	if !strings.Contains(logs, "store claim failed") || !strings.Contains(logs, "bearer token refused") {
+		t.Fatalf("the failure paths were not logged:\n%s", logs)
+	}
+	for _, secret := range []string{jwtSecret, dbPassword} {
+		if strings.Contains(logs, secret) {
+			t.Fatalf("the logs contain a secret:\n%s", logs)
+		}
 	}
 }
