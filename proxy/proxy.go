@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -88,6 +91,11 @@ type Config struct {
 	Metrics *Metrics
 	// Logger nil discards logs.
 	Logger *slog.Logger
+	// TracerProvider, when set, traces each request (a server span) and
+	// its upstream call (a client span), and sends W3C traceparent to the
+	// upstream. Nil means no tracing: a client's traceparent is still
+	// forwarded unchanged.
+	TracerProvider trace.TracerProvider
 }
 
 // Proxy is the proxy listener's handler.
@@ -155,10 +163,15 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.require[m] = true
 	}
-	rp := p.reverseProxy()
-	p.handler = p.requestID(p.accessLog(p.recover(
+	var h http.Handler = p.requestID(p.accessLog(p.recover(
 		cfg.Tenancy.Middleware(p.checked)(
-			p.idempotency(rp)))))
+			p.idempotency(p.reverseProxy())))))
+	if cfg.TracerProvider != nil {
+		h = otelhttp.NewHandler(h, "idemproxy",
+			otelhttp.WithTracerProvider(cfg.TracerProvider),
+			otelhttp.WithPropagators(propagation.TraceContext{}))
+	}
+	p.handler = h
 	return p, nil
 }
 

@@ -10,6 +10,9 @@ import (
 	"net/http/httputil"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/idemproxy/idemproxy"
 )
 
@@ -23,9 +26,15 @@ var replayHeaders = []string{
 // reverseProxy forwards to the upstream. For a keyed command it records or
 // releases the lock once the upstream's answer (or failure) is known.
 func (p *Proxy) reverseProxy() http.Handler {
+	var rt http.RoundTripper = timedTransport{p.cfg.Transport, p.metrics}
+	if tp := p.cfg.TracerProvider; tp != nil {
+		rt = otelhttp.NewTransport(rt,
+			otelhttp.WithTracerProvider(tp),
+			otelhttp.WithPropagators(propagation.TraceContext{}))
+	}
 	return &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      timedTransport{p.cfg.Transport, p.metrics},
+		Transport:      rt,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		ErrorLog:       nil,

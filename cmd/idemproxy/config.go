@@ -58,6 +58,7 @@ type Config struct {
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
 	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
+	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
 
 // configVars lists the variable of every Config field, in order.

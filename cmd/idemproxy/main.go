@@ -22,6 +22,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
@@ -140,6 +145,12 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return fmt.Errorf("configuration: %w", err)
 	}
 
+	tp, stopTracing, err := newTracerProvider(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("IDEMPROXY_OTEL_ENABLED: %w", err)
+	}
+	defer stopTracing()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if c, ok := st.(prometheus.Collector); ok {
@@ -161,6 +172,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		ReplayMaxBytes:  cfg.ReplayMaxBytes,
 		Metrics:         metrics,
 		Logger:          log,
+		TracerProvider:  tp,
 	})
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -235,6 +247,28 @@ func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 	default:
 		return nil, nil, fmt.Errorf("IDEMPROXY_STORE=%s is not available in this build", cfg.Store)
 	}
+}
+
+// newTracerProvider returns nil unless tracing is enabled; then an OTLP/HTTP
+// exporter configured by the standard OTEL_EXPORTER_OTLP_* variables.
+func newTracerProvider(ctx context.Context, cfg Config) (trace.TracerProvider, func(), error) {
+	if !cfg.OTelEnabled {
+		return nil, func() {}, nil
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "idemproxy"),
+			attribute.String("service.version", versionString()))),
+	)
+	return tp, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(ctx)
+	}, nil
 }
 
 // redactURL hides any password in a URL before it is logged.

@@ -565,3 +565,27 @@ func TestSecretsNotLogged(t *testing.T) {
 		}
 	}
 }
+
+// With IDEMPROXY_OTEL_ENABLED the proxy exports spans over OTLP/HTTP to
+// the collector named by OTEL_EXPORTER_OTLP_ENDPOINT.
+func TestOTelExport(t *testing.T) {
+	var exports atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/traces" {
+			exports.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	up, _ := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_OTEL_ENABLED": "true"})
+	post(t, s.proxy+"/orders", "traced", uuid.NewString(), "x")
+	s.cancel() // shutdown flushes the batch
+	if err := s.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	if exports.Load() == 0 {
+		t.Fatal("no spans exported to the OTLP collector")
+	}
+}
