@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"net/http"
@@ -14,28 +13,17 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// contract is the store interface of package proxy, repeated here so that
-// these tests do not depend on the proxy package; cmd/idemproxy checks
-// that both stores satisfy the real one.
-type contract interface {
-	Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error)
-	Complete(ctx context.Context, c idemproxy.Completion) error
-	Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error
-	Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error)
-	Delete(ctx context.Context, tenant uuid.UUID, key string) error
-	Ping(ctx context.Context) error
-}
-
 var (
-	_ contract = (*Memory)(nil)
-	_ contract = (*Postgres)(nil)
+	_ proxy.Store = (*Memory)(nil)
+	_ proxy.Store = (*Postgres)(nil)
 )
 
 // harness is one store under test and a way to age its entries.
 type harness struct {
-	store contract
+	store proxy.Store
 	// expire moves the end of (tenant, key)'s lease, or of its record,
 	// into the past, as if time had passed.
 	expire func(t *testing.T, tenant uuid.UUID, key string)
@@ -64,7 +52,7 @@ func completion(c idemproxy.Claim, status int, resp *idemproxy.Response) idempro
 	}
 }
 
-func mustClaim(t *testing.T, s contract, c idemproxy.Claim) idemproxy.ClaimResult {
+func mustClaim(t *testing.T, s proxy.Store, c idemproxy.Claim) idemproxy.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(t.Context(), c)
 	if err != nil {

@@ -18,11 +18,6 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-var (
-	_ proxy.Store = (*store.Memory)(nil)
-	_ proxy.Store = (*store.Postgres)(nil)
-)
-
 // pgStore is the Postgres store as the server runs it: with its purge
 // loop, its migrations retried in the background while the database was
 // unreachable at start, and the idemproxy_purged_rows_total counter. It is
