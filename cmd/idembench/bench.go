@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// The targets.
+const (
+	targetDirect   = "direct"
+	targetBare     = "bare"
+	targetMemory   = "idemproxy-memory"
+	targetPostgres = "idemproxy-postgres"
+	// targetStorePostgres is the Postgres store called directly, without
+	// HTTP, next to pgbench; it is not one of the -targets.
+	targetStorePostgres = "store-postgres"
+)
+
+// The scenarios.
+const (
+	scenarioUnkeyed = "unkeyed"
+	scenarioKeyed   = "keyed-unique"
+	scenarioReplay  = "replay-storm"
+	scenarioRacing  = "racing-duplicates"
+)
+
+var (
+	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres}
+	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
+)
+
+// Every request is a POST of this body to this path.
+var (
+	requestPath = "/orders"
+	requestBody = []byte(`{"merchant_order":"A-1001","amount":1999,"currency":"EUR"}`)
+)
+
+// options configures one benchmark run; parseFlags fills it from the
+// command line.
+type options struct {
+	Duration  time.Duration
+	Rounds    int
+	Clients   int
+	Warmup    time.Duration
+	GroupSize int
+	Targets   []string
+	Scenarios []string
+	LogLevel  string
+
+	DatabaseURL    string
+	DBMaxConns     int32
+	PgBench        string
+	PgBenchThreads int
+
+	MemoryMaxEntries int
+	MemoryRecords    int
+	FloodMaxEntries  int
+	// MemoryOnly skips the load: only the memory figures are measured.
+	MemoryOnly bool
+}
+
+func (o options) validate() error {
+	switch {
+	case o.Duration <= 0:
+		return errors.New("-duration must be positive")
+	case o.Rounds < 1:
+		return errors.New("-rounds must be at least 1")
+	case o.Clients < 1:
+		return errors.New("-clients must be at least 1")
+	case o.GroupSize < 2:
+		return errors.New("-group must be at least 2")
+	case len(o.Targets) == 0:
+		return errors.New("-targets names no target")
+	case len(o.Scenarios) == 0:
+		return errors.New("-scenarios names no scenario")
+	}
+	for _, t := range o.Targets {
+		if !slices.Contains(allTargets, t) {
+			return fmt.Errorf("-targets: unknown target %q (want %v)", t, allTargets)
+		}
+	}
+	for _, s := range o.Scenarios {
+		if !slices.Contains(allScenarios, s) {
+			return fmt.Errorf("-scenarios: unknown scenario %q (want %v)", s, allScenarios)
+		}
+	}
+	if slices.Contains(o.Targets, targetPostgres) && o.DatabaseURL == "" {
+		return errors.New("target idemproxy-postgres needs -database-url")
+	}
+	return nil
+}
+
+// measurement is one scenario×target run of one round.
+type measurement struct {
+	Round     int     `json:"round"`
+	Scenario  string  `json:"scenario"`
+	Target    string  `json:"target"`
+	Requests  int     `json:"requests"`
+	Seconds   float64 `json:"seconds"`
+	ReqPerSec float64 `json:"req_per_sec"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	// Status counts responses by status code; 0 counts transport errors.
+	Status map[int]int `json:"status"`
+	// FirstError is the first transport error, if any.
+	FirstError string `json:"first_error,omitempty"`
+	// Keys is how many distinct Idempotency-Key values were sent,
+	// counting a replay storm's priming request.
+	Keys int `json:"keys"`
+	// UpstreamCalls is how many requests the upstream received during
+	// the run, the priming request included.
+	UpstreamCalls int64 `json:"upstream_calls"`
+	// CPUUsPerReq is this process's CPU time (load generator, upstream
+	// and target together; a Postgres server's is not included) per
+	// request, in microseconds. Other processes on the machine do not
+	// change it the way they change req/s.
+	CPUUsPerReq float64 `json:"cpu_us_per_req"`
+}
+
+// bench runs the whole benchmark: the memory figures, then the rounds.
+func bench(ctx context.Context, opts options, progress io.Writer) (*Report, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Config: newRunConfig(opts)}
+
+	if opts.MemoryRecords > 0 || opts.FloodMaxEntries > 0 {
+		fmt.Fprintln(progress, "memory store: measuring bytes per record and the flood bound")
+		m, err := measureMemory(opts.MemoryRecords, opts.FloodMaxEntries)
+		if err != nil {
+			return nil, err
+		}
+		rep.Memory = m
+	}
+	if opts.MemoryOnly {
+		rep.summarise()
+		return rep, nil
+	}
+
+	e, err := startEnv(ctx, opts, progress)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	runID := randomHex(4)
+
+	if opts.Warmup > 0 {
+		for _, t := range e.targets {
+			fmt.Fprintf(progress, "warm-up: %s for %s\n", t.name, opts.Warmup)
+			if _, err := e.measure(ctx, opts, scenarioUnkeyed, t, 0, opts.Warmup, runID+"-warmup"); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	var pgb *pgbenchRunner
+	if e.pg != nil && opts.PgBench != "" && slices.Contains(opts.Scenarios, scenarioKeyed) {
+		pgb, err = newPgbenchRunner(opts, e.pgURL)
+		if err != nil {
+			return nil, err
+		}
+		defer pgb.close()
+	}
+
+	for round := 1; round <= opts.Rounds; round++ {
+		// Rotate the order of the targets each round so that none is
+		// always measured first or last.
+		order := slices.Clone(e.targets)
+		k := (round - 1) % len(order)
+		order = append(order[k:], order[:k]...)
+		for _, sc := range opts.Scenarios {
+			for _, t := range order {
+				m, err := e.measure(ctx, opts, sc, t, round, opts.Duration, runID)
+				if err != nil {
+					return nil, err
+				}
+				rep.Measurements = append(rep.Measurements, m)
+				fmt.Fprintf(progress, "round %d/%d  %-18s %-18s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/req  upstream %d  status %v\n",
+					round, opts.Rounds, sc, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq, m.UpstreamCalls, m.Status)
+			}
+			if sc == scenarioKeyed && e.pg != nil {
+				m, err := e.measureStore(ctx, opts, round, runID)
+				if err != nil {
+					return nil, err
+				}
+				rep.StoreLevel = append(rep.StoreLevel, m)
+				fmt.Fprintf(progress, "round %d/%d  postgres store claim+complete, no HTTP %9.0f cmd/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/cmd\n",
+					round, opts.Rounds, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq)
+			}
+			if sc == scenarioKeyed && pgb != nil {
+				r, err := pgb.run(ctx, round)
+				if err != nil {
+					return nil, err
+				}
+				rep.PgBench = append(rep.PgBench, r)
+				fmt.Fprintf(progress, "round %d/%d  pgbench claim+complete            %9.0f tps    latency avg %.2fms  failed %d\n",
+					round, opts.Rounds, r.TPS, r.LatencyAvgMs, r.Failed)
+			}
+		}
+	}
+	rep.Config.LoadAvgEnd = loadAvg()
+	rep.summarise()
+	return rep, nil
+}
+
+// measure loads t with scenario sc for d and reports what it saw.
+func (e *env) measure(ctx context.Context, opts options, sc string, t *target, round int, d time.Duration, runID string) (measurement, error) {
+	m := measurement{Round: round, Scenario: sc, Target: t.name, Status: map[int]int{}}
+	prefix := fmt.Sprintf("%s-r%d-%s-%s-", runID, round, t.name, sc)
+	replayKey := []string{prefix + "replay"}
+	tenant := []string{e.tenant}
+	contentType := []string{"application/json"}
+	url := t.url + requestPath
+	group := uint64(opts.GroupSize)
+
+	// Start every run from a collected heap, so one run's garbage is not
+	// paid by the next.
+	runtime.GC()
+	before := e.up.calls.Load()
+	if sc == scenarioReplay {
+		if err := prime(ctx, t, e.tenant, replayKey[0]); err != nil {
+			return m, err
+		}
+	}
+
+	var seq atomic.Uint64
+	targeter := func(tgt *vegeta.Target) error {
+		n := seq.Add(1) - 1
+		tgt.Method = http.MethodPost
+		tgt.URL = url
+		tgt.Body = requestBody
+		h := http.Header{"Content-Type": contentType, "X-Tenant-Id": tenant}
+		switch sc {
+		case scenarioKeyed:
+			h["Idempotency-Key"] = []string{prefix + strconv.FormatUint(n, 10)}
+		case scenarioReplay:
+			h["Idempotency-Key"] = replayKey
+		case scenarioRacing:
+			h["Idempotency-Key"] = []string{prefix + strconv.FormatUint(n/group, 10)}
+		}
+		tgt.Header = h
+		return nil
+	}
+
+	atk := vegeta.NewAttacker(
+		vegeta.Client(t.client),
+		vegeta.Workers(uint64(opts.Clients)),
+		vegeta.MaxWorkers(uint64(opts.Clients)),
+		vegeta.MaxBody(0),
+	)
+	stop := context.AfterFunc(ctx, func() { atk.Stop() })
+	defer stop()
+
+	latencies := make([]time.Duration, 0, 1<<16)
+	cpuStart := processCPU()
+	start := time.Now()
+	// The load generator's goroutines carry part=loadgen in a CPU profile.
+	pprof.Do(ctx, pprof.Labels("part", "loadgen"), func(context.Context) {
+		// Rate zero is vegeta's max-rate mode: with Workers equal to
+		// MaxWorkers, each worker sends its next request as soon as its
+		// previous one is answered — a closed loop of opts.Clients clients.
+		for res := range atk.Attack(targeter, vegeta.ConstantPacer{}, d, sc) {
+			latencies = append(latencies, res.Latency)
+			m.Status[int(res.Code)]++
+			if res.Code == 0 && m.FirstError == "" {
+				m.FirstError = res.Error
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	cpu := processCPU() - cpuStart
+	if err := ctx.Err(); err != nil {
+		return m, err
+	}
+	m.UpstreamCalls = e.up.calls.Load() - before
+
+	sent := seq.Load()
+	switch sc {
+	case scenarioKeyed:
+		m.Keys = int(sent)
+	case scenarioReplay:
+		m.Keys = 1
+	case scenarioRacing:
+		m.Keys = int((sent + group - 1) / group)
+	}
+	m.Requests = len(latencies)
+	m.Seconds = elapsed.Seconds()
+	if m.Requests == 0 {
+		return m, fmt.Errorf("%s %s: no request completed in %s", sc, t.name, d)
+	}
+	m.ReqPerSec = float64(m.Requests) / m.Seconds
+	m.CPUUsPerReq = float64(cpu.Microseconds()) / float64(m.Requests)
+	slices.Sort(latencies)
+	m.P50Ms = ms(percentile(latencies, 0.50))
+	m.P99Ms = ms(percentile(latencies, 0.99))
+	return m, nil
+}
+
+// measureStore runs the Postgres store's Claim and Complete for unique
+// keys from opts.Clients goroutines for opts.Duration, without HTTP: what
+// the store does for a keyed command, measured like pgbench measures the
+// same two statements.
+func (e *env) measureStore(ctx context.Context, opts options, round int, runID string) (measurement, error) {
+	m := measurement{Round: round, Scenario: scenarioKeyed, Target: targetStorePostgres, Status: map[int]int{}}
+	tenant, err := uuid.Parse(e.tenant)
+	if err != nil {
+		return m, err
+	}
+	prefix := fmt.Sprintf("%s-r%d-store-", runID, round)
+	fp := idemproxy.Fingerprint(sha256.Sum256(requestBody))
+	var seq atomic.Uint64
+	lats := make([][]time.Duration, opts.Clients)
+	errs := make([]error, opts.Clients)
+
+	runtime.GC()
+	cpuStart := processCPU()
+	start := time.Now()
+	deadline := start.Add(opts.Duration)
+	var wg sync.WaitGroup
+	for w := range opts.Clients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				t0 := time.Now()
+				c := idemproxy.Claim{
+					Tenant: tenant, Key: prefix + strconv.FormatUint(seq.Add(1), 10), Fingerprint: fp,
+					CommandID: uuid.Must(uuid.NewV7()), CommandType: pgbenchCmdType, Owner: uuid.New(), Lease: pgbenchLease,
+				}
+				res, err := e.pg.Claim(ctx, c)
+				if err == nil && !res.Claimed {
+					err = fmt.Errorf("key %s was not claimed", c.Key)
+				}
+				if err == nil {
+					err = e.pg.Complete(ctx, idemproxy.Completion{
+						Tenant: tenant, Key: c.Key, Owner: c.Owner, Status: pgbenchStatus, TTL: pgbenchKeyTTL,
+					})
+				}
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				lats[w] = append(lats[w], time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := processCPU() - cpuStart
+	if err := errors.Join(errs...); err != nil {
+		return m, fmt.Errorf("postgres store: %w", err)
+	}
+	var all []time.Duration
+	for _, l := range lats {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		return m, errors.New("postgres store: no command completed")
+	}
+	m.Requests, m.Keys = len(all), len(all)
+	m.Status[http.StatusCreated] = len(all)
+	m.Seconds = elapsed.Seconds()
+	m.ReqPerSec = float64(m.Requests) / m.Seconds
+	m.CPUUsPerReq = float64(cpu.Microseconds()) / float64(m.Requests)
+	slices.Sort(all)
+	m.P50Ms = ms(percentile(all, 0.50))
+	m.P99Ms = ms(percentile(all, 0.99))
+	return m, nil
+}
+
+// percentile is the nearest-rank percentile of sorted values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+const defaultTestDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// tinyOptions is a run short enough for a unit test: its figures mean
+// nothing, its structure and upstream counts everything.
+func tinyOptions() options {
+	return options{
+		Duration:         200 * time.Millisecond,
+		Rounds:           1,
+		Clients:          4,
+		GroupSize:        4,
+		Targets:          []string{targetDirect, targetBare, targetMemory},
+		Scenarios:        allScenarios,
+		LogLevel:         "info",
+		DBMaxConns:       4,
+		PgBenchThreads:   2,
+		MemoryMaxEntries: 100_000,
+		MemoryRecords:    2_000,
+		FloodMaxEntries:  1_000,
+	}
+}
+
+func TestBenchMemory(t *testing.T) {
+	rep, err := bench(t.Context(), tinyOptions(), io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v", err)
+	}
+	checkReport(t, rep, tinyOptions())
+
+	m := rep.Memory
+	if m == nil {
+		t.Fatal("no memory figures")
+	}
+	if m.BytesPerRecord <= 0 || m.Records != 2_000 {
+		t.Errorf("memory: %d records, %.0f bytes per record; want 2000 records and a positive size", m.Records, m.BytesPerRecord)
+	}
+	if m.FloodLen > 1_000 || m.FloodRefused != 4_000-m.FloodLen || !m.FloodBounded {
+		t.Errorf("flood: %d entries held, %d refused of %d keys, bounded %v; want at most 1000 held and the rest refused",
+			m.FloodLen, m.FloodRefused, m.FloodKeys, m.FloodBounded)
+	}
+	for _, name := range []string{
+		"unkeyed pass-through (idemproxy-memory) vs bare",
+		"keyed unique keys, memory store vs bare",
+		"replay storm, memory store vs bare unkeyed",
+		"p99 added by a keyed request, memory store",
+		"memory store bytes per record",
+		"memory store bounded under a flood of unique keys",
+	} {
+		if !hasCheck(rep, name) {
+			t.Errorf("target %q not evaluated", name)
+		}
+	}
+}
+
+// TestBenchPostgres adds the Postgres target (and pgbench, when it is
+// installed) against TEST_DATABASE_URL.
+func TestBenchPostgres(t *testing.T) {
+	dbURL := testDatabase(t)
+	opts := tinyOptions()
+	opts.Targets = []string{targetBare, targetMemory, targetPostgres}
+	opts.DatabaseURL = dbURL
+	opts.PgBench = findPgBench()
+	opts.MemoryRecords, opts.FloodMaxEntries = 0, 0
+	rep, err := bench(t.Context(), opts, io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v", err)
+	}
+	checkReport(t, rep, opts)
+	if len(rep.StoreLevel) != 1 || rep.StoreLevel[0].Requests == 0 || rep.StoreLevel[0].P99Ms <= 0 {
+		t.Errorf("store level: %+v; want one run with commands", rep.StoreLevel)
+	}
+	if opts.PgBench == "" {
+		t.Log("pgbench not found: its run is not tested")
+		return
+	}
+	if len(rep.PgBench) != 1 || rep.PgBench[0].TPS <= 0 || rep.PostgresToPgBench == nil || rep.StoreToPgBench == nil {
+		t.Errorf("pgbench: %+v, ratios %v and %v; want one run with tps > 0 and both ratios",
+			rep.PgBench, rep.PostgresToPgBench, rep.StoreToPgBench)
+	}
+	if !hasCheck(rep, "keyed unique keys, Postgres store vs pgbench claim+complete") {
+		t.Error("the pgbench target was not evaluated")
+	}
+}
+
+// checkReport checks that every scenario×target was measured and that
+// the upstream was called exactly as often as each target must call it.
+func checkReport(t *testing.T, rep *Report, opts options) {
+	t.Helper()
+	for _, sc := range opts.Scenarios {
+		for _, tg := range opts.Targets {
+			for round := 1; round <= opts.Rounds; round++ {
+				m, ok := rep.find(sc, tg, round)
+				if !ok {
+					t.Errorf("%s %s round %d: not measured", sc, tg, round)
+					continue
+				}
+				checkMeasurement(t, m)
+			}
+			res, ok := rep.result(sc, tg)
+			if !ok {
+				t.Errorf("%s %s: no result", sc, tg)
+				continue
+			}
+			if res.ReqPerSec <= 0 || res.P50Ms <= 0 || res.P99Ms < res.P50Ms {
+				t.Errorf("%s %s: %.0f req/s, p50 %.3fms, p99 %.3fms; want positive figures", sc, tg, res.ReqPerSec, res.P50Ms, res.P99Ms)
+			}
+			if res.RatioToBare == nil || *res.RatioToBare <= 0 {
+				t.Errorf("%s %s: no ratio to the bare proxy", sc, tg)
+			}
+		}
+	}
+	if _, ok := rep.AddedP99Ms[targetMemory]; !ok {
+		t.Error("no added p99 for idemproxy-memory")
+	}
+}
+
+func checkMeasurement(t *testing.T, m measurement) {
+	t.Helper()
+	name := m.Scenario + " " + m.Target
+	if m.Requests == 0 || m.ReqPerSec <= 0 {
+		t.Errorf("%s: %d requests, %.0f req/s", name, m.Requests, m.ReqPerSec)
+	}
+	if m.Status[0] > 0 {
+		t.Errorf("%s: %d transport errors, first %q", name, m.Status[0], m.FirstError)
+	}
+	for code, n := range m.Status {
+		ok := code == 201 || (code == 409 && m.Scenario == scenarioRacing && m.Target != targetDirect && m.Target != targetBare)
+		if !ok {
+			t.Errorf("%s: %d responses with status %d", name, n, code)
+		}
+	}
+	idempotent := m.Target == targetMemory || m.Target == targetPostgres
+	var want int64
+	switch {
+	case m.Scenario == scenarioUnkeyed:
+		want = int64(m.Requests)
+	case !idempotent && m.Scenario == scenarioReplay:
+		want = int64(m.Requests) + 1 // and the priming request
+	case !idempotent:
+		want = int64(m.Requests)
+	case m.Scenario == scenarioKeyed:
+		want = int64(m.Keys)
+		if m.Keys != m.Requests {
+			t.Errorf("%s: %d keys for %d requests; want one key per request", name, m.Keys, m.Requests)
+		}
+	case m.Scenario == scenarioReplay:
+		want = 1
+	case m.Scenario == scenarioRacing:
+		want = int64(m.Keys)
+		if groups := (m.Requests + 3) / 4; m.Keys != groups {
+			t.Errorf("%s: %d keys for %d requests in groups of 4; want %d", name, m.Keys, m.Requests, groups)
+		}
+	}
+	if m.UpstreamCalls != want {
+		t.Errorf("%s: upstream called %d times (%d requests, %d keys), want %d", name, m.UpstreamCalls, m.Requests, m.Keys, want)
+	}
+}
+
+func hasCheck(rep *Report, name string) bool {
+	for _, c := range rep.Checks {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func TestParsePgbench(t *testing.T) {
+	out := `pgbench (15.20 (Debian 15.20-0+deb12u1))
+transaction type: claim_complete.pgbench
+scaling factor: 1
+query mode: prepared
+number of clients: 32
+number of threads: 2
+maximum number of tries: 1
+duration: 3 s
+number of transactions actually processed: 19716
+number of failed transactions: 0 (0.000%)
+latency average = 4.858 ms
+initial connection time = 35.999 ms
+tps = 6586.840151 (without initial connection time)
+`
+	got, err := parsePgbench(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := pgbenchRound{TPS: 6586.840151, LatencyAvgMs: 4.858, Processed: 19716}
+	if got != want {
+		t.Errorf("parsePgbench = %+v, want %+v", got, want)
+	}
+	if _, err := parsePgbench(strings.Replace(out, "failed transactions: 0", "failed transactions: 3", 1)); err == nil {
+		t.Error("failed transactions were not reported as an error")
+	}
+}
+
+func TestSplitSearchPath(t *testing.T) {
+	for _, tc := range []struct{ in, url, schema string }{
+		{"postgres://u@h:5432/db?search_path=s1&sslmode=disable", "postgres://u@h:5432/db?sslmode=disable", "s1"},
+		{"host=h dbname=db search_path=s2", "host=h dbname=db", "s2"},
+	} {
+		u, s, err := splitSearchPath(tc.in)
+		if err != nil || u != tc.url || s != tc.schema {
+			t.Errorf("splitSearchPath(%q) = %q, %q, %v; want %q, %q", tc.in, u, s, err, tc.url, tc.schema)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	env := map[string]string{"IDEMPROXY_BENCH_DATABASE_URL": "postgres://x@127.0.0.1/db"}
+	opts, _, err := parseFlags([]string{"-duration", "2s", "-clients", "8", "-pgbench", "off"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Duration != 2*time.Second || opts.Clients != 8 || opts.Rounds != 3 || opts.DatabaseURL != env["IDEMPROXY_BENCH_DATABASE_URL"] {
+		t.Errorf("options = %+v", opts)
+	}
+	if len(opts.Targets) != 4 {
+		t.Errorf("targets = %v, want all four with a database URL", opts.Targets)
+	}
+	opts, _, err = parseFlags(nil, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Targets) != 3 || opts.Clients != 32 || opts.Duration != 5*time.Second {
+		t.Errorf("defaults: %+v; want three targets without a database, 32 clients, 5s", opts)
+	}
+	if _, _, err := parseFlags([]string{"-targets", "nginx"}, func(string) string { return "" }, io.Discard); err == nil {
+		t.Error("an unknown target was accepted")
+	}
+}
+
+// testDatabase returns TEST_DATABASE_URL (or the default) when Postgres
+// answers there. Without one it skips, loudly, on a developer's machine
+// and fails under CI=true.
+func testDatabase(t *testing.T) string {
+	t.Helper()
+	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), defaultTestDatabaseURL)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	pg, err := store.NewPostgres(ctx, store.PostgresOptions{URL: dbURL, MaxConns: 1})
+	if err == nil {
+		err = pg.Ping(ctx)
+		pg.Close()
+	}
+	if err == nil {
+		return dbURL
+	}
+	if os.Getenv("CI") == "true" || !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Fatalf("Postgres at TEST_DATABASE_URL cannot be used: %v", err)
+	}
+	t.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL (default %s): %v", defaultTestDatabaseURL, err)
+	return ""
+}

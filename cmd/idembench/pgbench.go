@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// pgbenchScript is the store's claim + complete, as a pgbench script.
+//
+//go:embed claim_complete.pgbench
+var pgbenchScript []byte
+
+// The constants the script is run with, as idemproxy's defaults: mode
+// noop, 201 from the upstream, a 60s lease, a 24h key TTL and the store's
+// one-hour lock grace.
+const (
+	pgbenchStatus  = 201
+	pgbenchLease   = 60 * time.Second
+	pgbenchGrace   = time.Hour
+	pgbenchKeyTTL  = 24 * time.Hour
+	pgbenchCmdType = "POST /orders"
+)
+
+// pgbenchRound is one pgbench run.
+type pgbenchRound struct {
+	Round        int     `json:"round"`
+	Clients      int     `json:"clients"`
+	Threads      int     `json:"threads"`
+	Seconds      int     `json:"seconds"`
+	TPS          float64 `json:"tps"`
+	LatencyAvgMs float64 `json:"latency_avg_ms"`
+	Processed    int64   `json:"transactions"`
+	Failed       int64   `json:"failed_transactions"`
+}
+
+// pgbenchRunner runs the script against the run's schema.
+type pgbenchRunner struct {
+	bin     string
+	dbURL   string
+	schema  string
+	dir     string
+	clients int
+	threads int
+	seconds int
+}
+
+// newPgbenchRunner writes the script to a temporary directory. dbURL
+// carries search_path, which pgbench gets as PGOPTIONS.
+func newPgbenchRunner(opts options, dbURL string) (*pgbenchRunner, error) {
+	base, schema, err := splitSearchPath(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "idembench-pgbench-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "claim_complete.pgbench"), pgbenchScript, 0o644); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	threads := max(1, min(opts.PgBenchThreads, opts.Clients))
+	return &pgbenchRunner{
+		bin: opts.PgBench, dbURL: base, schema: schema, dir: dir,
+		clients: opts.Clients, threads: threads,
+		// pgbench -T takes whole seconds.
+		seconds: max(1, int(math.Round(opts.Duration.Seconds()))),
+	}, nil
+}
+
+func (p *pgbenchRunner) close() { os.RemoveAll(p.dir) }
+
+func (p *pgbenchRunner) args() []string {
+	fp := make([]byte, 32)
+	_, _ = rand.Read(fp)
+	return []string{
+		"-n", "-M", "prepared",
+		"-c", strconv.Itoa(p.clients), "-j", strconv.Itoa(p.threads), "-T", strconv.Itoa(p.seconds),
+		"-f", filepath.Join(p.dir, "claim_complete.pgbench"),
+		"-D", "tenant=" + uuid.NewString(),
+		"-D", "command_id=" + uuid.NewString(),
+		"-D", "command_type=" + pgbenchCmdType,
+		"-D", "owner=" + uuid.NewString(),
+		"-D", `fingerprint=\x` + hex.EncodeToString(fp),
+		"-D", "lease_us=" + strconv.FormatInt(pgbenchLease.Microseconds(), 10),
+		"-D", "grace_us=" + strconv.FormatInt(pgbenchGrace.Microseconds(), 10),
+		"-D", "status=" + strconv.Itoa(pgbenchStatus),
+		"-D", "ttl_us=" + strconv.FormatInt(pgbenchKeyTTL.Microseconds(), 10),
+		p.dbURL,
+	}
+}
+
+// run runs pgbench once and parses what it printed.
+func (p *pgbenchRunner) run(ctx context.Context, round int) (pgbenchRound, error) {
+	cmd := exec.CommandContext(ctx, p.bin, p.args()...)
+	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+p.schema)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return pgbenchRound{}, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	r, err := parsePgbench(string(out))
+	if err != nil {
+		return r, fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	r.Round, r.Clients, r.Threads, r.Seconds = round, p.clients, p.threads, p.seconds
+	return r, nil
+}
+
+var (
+	pgbenchTPS       = regexp.MustCompile(`(?m)^tps = ([0-9.]+)`)
+	pgbenchLatency   = regexp.MustCompile(`(?m)^latency average = ([0-9.]+) ms`)
+	pgbenchProcessed = regexp.MustCompile(`(?m)^number of transactions actually processed: ([0-9]+)`)
+	pgbenchFailed    = regexp.MustCompile(`(?m)^number of failed transactions: ([0-9]+)`)
+)
+
+// parsePgbench reads the summary pgbench prints at the end of a run.
+func parsePgbench(out string) (pgbenchRound, error) {
+	var r pgbenchRound
+	m := pgbenchTPS.FindStringSubmatch(out)
+	if m == nil {
+		return r, fmt.Errorf("no tps line in the output")
+	}
+	r.TPS, _ = strconv.ParseFloat(m[1], 64)
+	if m := pgbenchLatency.FindStringSubmatch(out); m != nil {
+		r.LatencyAvgMs, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := pgbenchProcessed.FindStringSubmatch(out); m != nil {
+		r.Processed, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	if m := pgbenchFailed.FindStringSubmatch(out); m != nil {
+		r.Failed, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	if r.Failed > 0 {
+		return r, fmt.Errorf("%d transactions failed", r.Failed)
+	}
+	return r, nil
+}
+
+// splitSearchPath takes search_path out of a database URL (pgbench does
+// not pass unknown URL parameters to the server as the store's driver
+// does) and returns the URL without it and the schema.
+func splitSearchPath(dbURL string) (string, string, error) {
+	if !strings.Contains(dbURL, "://") {
+		var kept []string
+		schema := ""
+		for _, f := range strings.Fields(dbURL) {
+			if v, ok := strings.CutPrefix(f, "search_path="); ok {
+				schema = v
+				continue
+			}
+			kept = append(kept, f)
+		}
+		return strings.Join(kept, " "), schema, nil
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", "", err
+	}
+	q := u.Query()
+	schema := q.Get("search_path")
+	q.Del("search_path")
+	u.RawQuery = q.Encode()
+	return u.String(), schema, nil
+}

@@ -1,0 +1,479 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one run measured; -json writes it as is.
+type Report struct {
+	Config runConfig `json:"config"`
+	// Results are the medians across rounds, one per scenario×target.
+	Results []result `json:"results"`
+	// AddedP99 is the p99 a keyed request adds over the bare proxy, per
+	// idemproxy target: the median across rounds of the per-round
+	// difference, in the keyed-unique scenario.
+	AddedP99Ms map[string]float64 `json:"added_p99_ms,omitempty"`
+	// PgBench holds one pgbench run per round, when it ran.
+	PgBench []pgbenchRound `json:"pgbench,omitempty"`
+	// PostgresToPgBench is the median across rounds of keyed-unique
+	// idemproxy-postgres req/s divided by pgbench tps.
+	PostgresToPgBench *float64 `json:"postgres_to_pgbench_ratio,omitempty"`
+	// StoreLevel holds, per round, the Postgres store's Claim+Complete
+	// called from -clients goroutines without HTTP; StoreToPgBench is the
+	// median across rounds of its commands/s divided by pgbench tps.
+	StoreLevel     []measurement `json:"store_level,omitempty"`
+	StoreToPgBench *float64      `json:"store_to_pgbench_ratio,omitempty"`
+	Memory         *memoryResult `json:"memory,omitempty"`
+	// Checks are issue 4's targets, each met or not.
+	Checks       []check       `json:"targets"`
+	Measurements []measurement `json:"measurements"`
+}
+
+type runConfig struct {
+	Started    time.Time `json:"started"`
+	Command    string    `json:"command"`
+	GoVersion  string    `json:"go_version"`
+	Platform   string    `json:"platform"`
+	NumCPU     int       `json:"num_cpu"`
+	GOMAXPROCS int       `json:"gomaxprocs"`
+	Clients    int       `json:"clients"`
+	Duration   string    `json:"duration"`
+	Rounds     int       `json:"rounds"`
+	GroupSize  int       `json:"racing_group_size"`
+	LogLevel   string    `json:"log_level"`
+	DBMaxConns int32     `json:"db_max_conns,omitempty"`
+	PgBench    string    `json:"pgbench,omitempty"`
+	LoadGen    string    `json:"load_generator"`
+	// LoadAvg is /proc/loadavg when the run started and ended: other
+	// work on the machine shows there.
+	LoadAvgStart string `json:"loadavg_start,omitempty"`
+	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
+}
+
+func newRunConfig(o options) runConfig {
+	c := runConfig{
+		Started:    time.Now().UTC().Truncate(time.Second),
+		Command:    "idembench " + strings.Join(os.Args[1:], " "),
+		GoVersion:  runtime.Version(),
+		Platform:   runtime.GOOS + "/" + runtime.GOARCH,
+		NumCPU:     runtime.NumCPU(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0),
+		Clients:    o.Clients,
+		Duration:   o.Duration.String(),
+		Rounds:     o.Rounds,
+		GroupSize:  o.GroupSize,
+		LogLevel:   o.LogLevel,
+		LoadGen:    "vegeta/v12 library, max-rate mode (closed loop), workers = clients",
+
+		LoadAvgStart: loadAvg(),
+	}
+	if o.DatabaseURL != "" {
+		c.DBMaxConns = o.DBMaxConns
+		c.PgBench = o.PgBench
+	}
+	return c
+}
+
+// result is one scenario×target, summarised across rounds.
+type result struct {
+	Scenario  string  `json:"scenario"`
+	Target    string  `json:"target"`
+	ReqPerSec float64 `json:"req_per_sec"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	// RatioToBare is the median across rounds of this req/s divided by
+	// the bare proxy's req/s in the same round, in Baseline's scenario.
+	RatioToBare *float64 `json:"ratio_to_bare,omitempty"`
+	Baseline    string   `json:"baseline,omitempty"`
+	// CPUUsPerReq is the median of the process's CPU per request;
+	// CPUAddedUs the median across rounds of its difference from the
+	// bare proxy's in Baseline's scenario: what the target costs (or, for
+	// replays that skip the upstream, saves) per request in CPU.
+	CPUUsPerReq float64  `json:"cpu_us_per_req"`
+	CPUAddedUs  *float64 `json:"cpu_added_us,omitempty"`
+	// CPURatioToBare is the median across rounds of the bare proxy's CPU
+	// per request divided by this target's: the req/s ratio to expect
+	// where both saturate the same CPUs, and much less sensitive to other
+	// work on the machine than RatioToBare. Not meaningful for
+	// idemproxy-postgres, whose database CPU is not counted.
+	CPURatioToBare *float64 `json:"cpu_ratio_to_bare,omitempty"`
+	// The sums over rounds.
+	Requests      int         `json:"requests"`
+	Keys          int         `json:"keys"`
+	UpstreamCalls int64       `json:"upstream_calls"`
+	Status        map[int]int `json:"status"`
+}
+
+// check is one of issue 4's targets.
+type check struct {
+	Name   string  `json:"name"`
+	Want   string  `json:"want"`
+	Got    string  `json:"got"`
+	Met    bool    `json:"met"`
+	Value  float64 `json:"value"`
+	Limit  float64 `json:"limit"`
+	Missed string  `json:"missed_by,omitempty"`
+}
+
+// baselineScenario is the bare proxy's scenario a scenario is compared
+// with. A replay makes no upstream call, so the replay storm is compared
+// with the bare proxy forwarding unkeyed POSTs (issue 4).
+func baselineScenario(sc string) string {
+	if sc == scenarioReplay {
+		return scenarioUnkeyed
+	}
+	return sc
+}
+
+// find returns the measurement of (scenario, target) in round, if any.
+func (r *Report) find(sc, t string, round int) (measurement, bool) {
+	for _, m := range r.Measurements {
+		if m.Scenario == sc && m.Target == t && m.Round == round {
+			return m, true
+		}
+	}
+	return measurement{}, false
+}
+
+// summarise computes Results, AddedP99Ms, PostgresToPgBench and Checks
+// from Measurements.
+func (r *Report) summarise() {
+	type st struct{ sc, t string }
+	var order []st
+	seen := map[st]bool{}
+	for _, m := range r.Measurements {
+		k := st{m.Scenario, m.Target}
+		if !seen[k] {
+			seen[k] = true
+			order = append(order, k)
+		}
+	}
+	// Scenario-major, targets in their canonical order.
+	sort.SliceStable(order, func(i, j int) bool {
+		si, sj := slices.Index(allScenarios, order[i].sc), slices.Index(allScenarios, order[j].sc)
+		if si != sj {
+			return si < sj
+		}
+		return slices.Index(allTargets, order[i].t) < slices.Index(allTargets, order[j].t)
+	})
+
+	for _, k := range order {
+		res := result{Scenario: k.sc, Target: k.t, Status: map[int]int{}}
+		var rps, p50, p99, ratios, cpu, cpuAdded, cpuRatios []float64
+		for _, m := range r.Measurements {
+			if m.Scenario != k.sc || m.Target != k.t {
+				continue
+			}
+			rps = append(rps, m.ReqPerSec)
+			p50 = append(p50, m.P50Ms)
+			p99 = append(p99, m.P99Ms)
+			cpu = append(cpu, m.CPUUsPerReq)
+			res.Requests += m.Requests
+			res.Keys += m.Keys
+			res.UpstreamCalls += m.UpstreamCalls
+			for code, n := range m.Status {
+				res.Status[code] += n
+			}
+			if base, ok := r.find(baselineScenario(k.sc), targetBare, m.Round); ok && base.ReqPerSec > 0 {
+				ratios = append(ratios, m.ReqPerSec/base.ReqPerSec)
+				if m.CPUUsPerReq > 0 && base.CPUUsPerReq > 0 {
+					cpuAdded = append(cpuAdded, m.CPUUsPerReq-base.CPUUsPerReq)
+					cpuRatios = append(cpuRatios, base.CPUUsPerReq/m.CPUUsPerReq)
+				}
+			}
+		}
+		res.ReqPerSec, res.P50Ms, res.P99Ms = median(rps), median(p50), median(p99)
+		res.CPUUsPerReq = median(cpu)
+		if len(ratios) > 0 {
+			v := median(ratios)
+			res.RatioToBare = &v
+			if len(cpuRatios) > 0 {
+				c, cr := median(cpuAdded), median(cpuRatios)
+				res.CPUAddedUs, res.CPURatioToBare = &c, &cr
+			}
+			res.Baseline = targetBare + "/" + baselineScenario(k.sc)
+		}
+		r.Results = append(r.Results, res)
+	}
+
+	// Added p99 of a keyed request over the bare proxy.
+	for _, t := range []string{targetMemory, targetPostgres} {
+		var diffs []float64
+		for _, m := range r.Measurements {
+			if m.Scenario != scenarioKeyed || m.Target != t {
+				continue
+			}
+			if base, ok := r.find(scenarioKeyed, targetBare, m.Round); ok {
+				diffs = append(diffs, m.P99Ms-base.P99Ms)
+			}
+		}
+		if len(diffs) > 0 {
+			if r.AddedP99Ms == nil {
+				r.AddedP99Ms = map[string]float64{}
+			}
+			r.AddedP99Ms[t] = median(diffs)
+		}
+	}
+
+	// Postgres against pgbench, round by round.
+	var pgRatios []float64
+	for _, p := range r.PgBench {
+		if m, ok := r.find(scenarioKeyed, targetPostgres, p.Round); ok && p.TPS > 0 {
+			pgRatios = append(pgRatios, m.ReqPerSec/p.TPS)
+		}
+	}
+	if len(pgRatios) > 0 {
+		v := median(pgRatios)
+		r.PostgresToPgBench = &v
+	}
+	var storeRatios []float64
+	for _, p := range r.PgBench {
+		for _, m := range r.StoreLevel {
+			if m.Round == p.Round && p.TPS > 0 {
+				storeRatios = append(storeRatios, m.ReqPerSec/p.TPS)
+			}
+		}
+	}
+	if len(storeRatios) > 0 {
+		v := median(storeRatios)
+		r.StoreToPgBench = &v
+	}
+
+	r.Checks = r.checks()
+}
+
+func (r *Report) result(sc, t string) (result, bool) {
+	for _, res := range r.Results {
+		if res.Scenario == sc && res.Target == t {
+			return res, true
+		}
+	}
+	return result{}, false
+}
+
+// checks evaluates issue 4's targets on what was measured.
+func (r *Report) checks() []check {
+	var out []check
+	atLeast := func(name string, v, limit float64) {
+		c := check{Name: name, Want: fmt.Sprintf(">= %.2f×", limit), Got: fmt.Sprintf("%.2f×", v), Value: v, Limit: limit, Met: v >= limit}
+		if !c.Met {
+			c.Missed = fmt.Sprintf("%.2f× short (%.0f%% below the target)", limit-v, 100*(limit-v)/limit)
+		}
+		out = append(out, c)
+	}
+	atMost := func(name, unit string, v, limit float64) {
+		c := check{Name: name, Want: fmt.Sprintf("<= %g %s", limit, unit), Got: fmt.Sprintf("%.3g %s", v, unit), Value: v, Limit: limit, Met: v <= limit}
+		if !c.Met {
+			c.Missed = fmt.Sprintf("%.3g %s over (%.0f%% above the target)", v-limit, unit, 100*(v-limit)/limit)
+		}
+		out = append(out, c)
+	}
+	ratio := func(sc, t string) (float64, bool) {
+		res, ok := r.result(sc, t)
+		if !ok || res.RatioToBare == nil {
+			return 0, false
+		}
+		return *res.RatioToBare, true
+	}
+	if v, ok := ratio(scenarioUnkeyed, targetMemory); ok {
+		atLeast("unkeyed pass-through (idemproxy-memory) vs bare", v, 0.95)
+	}
+	if v, ok := ratio(scenarioUnkeyed, targetPostgres); ok {
+		atLeast("unkeyed pass-through (idemproxy-postgres) vs bare", v, 0.95)
+	}
+	if v, ok := ratio(scenarioKeyed, targetMemory); ok {
+		atLeast("keyed unique keys, memory store vs bare", v, 0.90)
+	}
+	if v, ok := ratio(scenarioReplay, targetMemory); ok {
+		atLeast("replay storm, memory store vs bare unkeyed", v, 1.5)
+	}
+	if v, ok := ratio(scenarioReplay, targetPostgres); ok {
+		atLeast("replay storm, Postgres store vs bare unkeyed", v, 1.5)
+	}
+	if r.PostgresToPgBench != nil {
+		atLeast("keyed unique keys, Postgres store vs pgbench claim+complete", *r.PostgresToPgBench, 0.8)
+	}
+	if v, ok := r.AddedP99Ms[targetMemory]; ok {
+		atMost("p99 added by a keyed request, memory store", "ms", v, 1)
+	}
+	if m := r.Memory; m != nil {
+		if m.Records > 0 {
+			atMost("memory store bytes per record", "B", m.BytesPerRecord, 256)
+		}
+		if m.FloodMaxEntries > 0 {
+			c := check{
+				Name:  "memory store bounded under a flood of unique keys",
+				Want:  fmt.Sprintf("<= %d entries, no heap growth past the bound", m.FloodMaxEntries),
+				Got:   fmt.Sprintf("%d entries after %d keys; heap %+.1f MiB over the flood's second half", m.FloodLen, m.FloodKeys, float64(m.FloodGrowthBytes)/(1<<20)),
+				Value: float64(m.FloodLen), Limit: float64(m.FloodMaxEntries),
+				Met: m.FloodBounded,
+			}
+			if !c.Met {
+				c.Missed = "the store grew past its bound"
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// writeText prints the summary for a terminal.
+func writeText(w io.Writer, r *Report) {
+	c := r.Config
+	fmt.Fprintf(w, "\nidembench: %d clients, %s × %d rounds (median shown), racing groups of %d, %s, %d CPUs, GOMAXPROCS %d, access log %s, load average %s at the start, %s at the end\n\n",
+		c.Clients, c.Duration, c.Rounds, c.GroupSize, c.GoVersion, c.NumCPU, c.GOMAXPROCS, c.LogLevel, c.LoadAvgStart, c.LoadAvgEnd)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\ttarget\treq/s\tp50 ms\tp99 ms\t× bare\tbaseline\tcpu µs/req\tΔcpu µs\t× bare (cpu)\tupstream calls\tkeys\tstatus\t")
+	for _, res := range r.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n",
+			res.Scenario, res.Target, res.ReqPerSec, res.P50Ms, res.P99Ms,
+			ratioString(res.RatioToBare), res.Baseline, cpuString(res.CPUUsPerReq), deltaString(res.CPUAddedUs), ratioString(res.CPURatioToBare),
+			res.UpstreamCalls, res.Keys, statusString(res.Status))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, line := range r.notes() {
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintln(w, "\nissue 4 targets:")
+	for _, ch := range r.Checks {
+		mark := "MET    "
+		if !ch.Met {
+			mark = "MISSED "
+		}
+		fmt.Fprintf(w, "  %s %-62s want %-14s got %s", mark, ch.Name, ch.Want, ch.Got)
+		if ch.Missed != "" {
+			fmt.Fprintf(w, "  (%s)", ch.Missed)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// writeMarkdown writes the tables for the README.
+func writeMarkdown(w io.Writer, r *Report) {
+	c := r.Config
+	fmt.Fprintf(w, "%d closed-loop clients, %s per scenario×target per round, %d rounds interleaved, median shown; racing groups of %d; %s, %d CPUs; access log %s",
+		c.Clients, c.Duration, c.Rounds, c.GroupSize, c.GoVersion, c.NumCPU, c.LogLevel)
+	if c.LoadAvgStart != "" {
+		fmt.Fprintf(w, "; load average %s at the start, %s at the end", c.LoadAvgStart, c.LoadAvgEnd)
+	}
+	fmt.Fprint(w, ".\n\n")
+	fmt.Fprintln(w, "| scenario | target | req/s | p50 ms | p99 ms | × bare | cpu µs/req | Δcpu µs vs bare | × bare (cpu) | upstream calls | keys |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, res := range r.Results {
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %d | %d |\n",
+			res.Scenario, res.Target, res.ReqPerSec, res.P50Ms, res.P99Ms, ratioString(res.RatioToBare),
+			cpuString(res.CPUUsPerReq), deltaString(res.CPUAddedUs), ratioString(res.CPURatioToBare), res.UpstreamCalls, res.Keys)
+	}
+	fmt.Fprintln(w)
+	for _, line := range r.notes() {
+		fmt.Fprintf(w, "- %s\n", line)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | want | got | met |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, ch := range r.Checks {
+		met := "yes"
+		if !ch.Met {
+			met = "**no**, " + ch.Missed
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", ch.Name, ch.Want, ch.Got, met)
+	}
+}
+
+// loadAvg is the first three fields of /proc/loadavg, or "" where there
+// is none.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// notes are the figures besides the table.
+func (r *Report) notes() []string {
+	var out []string
+	for _, t := range []string{targetMemory, targetPostgres} {
+		if v, ok := r.AddedP99Ms[t]; ok {
+			out = append(out, fmt.Sprintf("p99 added by a keyed request over bare (%s): %+.3f ms", t, v))
+		}
+	}
+	if len(r.PgBench) > 0 {
+		var tps []float64
+		for _, p := range r.PgBench {
+			tps = append(tps, p.TPS)
+		}
+		out = append(out, fmt.Sprintf("pgbench claim+complete (-c %d -j %d -M prepared): %.0f tps (median); idemproxy-postgres keyed req/s ÷ pgbench tps: %s",
+			r.Config.Clients, r.PgBench[0].Threads, median(tps), ratioString(r.PostgresToPgBench)))
+	}
+	if len(r.StoreLevel) > 0 {
+		var cps, p99, cpu []float64
+		for _, m := range r.StoreLevel {
+			cps, p99, cpu = append(cps, m.ReqPerSec), append(p99, m.P99Ms), append(cpu, m.CPUUsPerReq)
+		}
+		out = append(out, fmt.Sprintf("Postgres store alone, Claim+Complete from %d goroutines, no HTTP: %.0f commands/s, p99 %.2f ms, %.1f µs Go CPU per command (median); ÷ pgbench tps: %s",
+			r.Config.Clients, median(cps), median(p99), median(cpu), ratioString(r.StoreToPgBench)))
+	}
+	if m := r.Memory; m != nil {
+		if m.Records > 0 {
+			out = append(out, fmt.Sprintf("memory store: %.0f bytes per record (%d records, noop mode, %d-byte keys; map and key strings included)",
+				m.BytesPerRecord, m.Records, m.KeyLen))
+		}
+		if m.FloodMaxEntries > 0 {
+			out = append(out, fmt.Sprintf("memory store flood: bound %d, %d unique keys sent, %d refused (store full), %d entries held; heap at the bound %.1f MiB, at the end %.1f MiB",
+				m.FloodMaxEntries, m.FloodKeys, m.FloodRefused, m.FloodLen,
+				float64(m.FloodHeapAtBound)/(1<<20), float64(m.FloodHeapAtEnd)/(1<<20)))
+		}
+	}
+	return out
+}
+
+func cpuString(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func deltaString(v *float64) string {
+	if v == nil || math.IsNaN(*v) {
+		return "-"
+	}
+	return fmt.Sprintf("%+.1f", *v)
+}
+
+func ratioString(v *float64) string {
+	if v == nil || math.IsNaN(*v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
+func statusString(s map[int]int) string {
+	codes := make([]int, 0, len(s))
+	for c := range s {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	parts := make([]string, 0, len(codes))
+	for _, c := range codes {
+		name := strconv.Itoa(c)
+		if c == 0 {
+			name = "err"
+		}
+		parts = append(parts, fmt.Sprintf("%s:%d", name, s[c]))
+	}
+	return strings.Join(parts, " ")
+}
