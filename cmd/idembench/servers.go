@@ -112,9 +112,6 @@ type target struct {
 	name   string
 	url    string
 	client *http.Client
-	// idempotent is true for the idemproxy targets: they call the
-	// upstream once per key.
-	idempotent bool
 }
 
 // env is everything one benchmark run starts, and how to stop it.
@@ -133,15 +130,6 @@ func (e *env) close() {
 	for i := len(e.closes) - 1; i >= 0; i-- {
 		e.closes[i]()
 	}
-}
-
-func (e *env) target(name string) *target {
-	for _, t := range e.targets {
-		if t.name == name {
-			return t
-		}
-	}
-	return nil
 }
 
 // newClient is a load client's HTTP client: keep-alive connections, one
@@ -175,10 +163,10 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 	e.closes = append(e.closes, upSrv.close)
 	upURL, _ := url.Parse(upSrv.url)
 
-	add := func(name, u string, idempotent bool) {
+	add := func(name, u string) {
 		c := newClient(opts.Clients)
 		e.closes = append(e.closes, c.CloseIdleConnections)
-		e.targets = append(e.targets, &target{name: name, url: u, client: c, idempotent: idempotent})
+		e.targets = append(e.targets, &target{name: name, url: u, client: c})
 	}
 	logger, err := accessLogger(opts.LogLevel)
 	if err != nil {
@@ -191,7 +179,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 	for _, name := range opts.Targets {
 		switch name {
 		case targetDirect:
-			add(name, upSrv.url, false)
+			add(name, upSrv.url)
 		case targetBare:
 			rp := newBareProxy(upURL)
 			s, err := serve(name, rp)
@@ -199,7 +187,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 				return nil, err
 			}
 			e.closes = append(e.closes, s.close, rp.Transport.(*http.Transport).CloseIdleConnections)
-			add(name, s.url, false)
+			add(name, s.url)
 		case targetMemory:
 			mem := store.NewMemory(store.MemoryOptions{MaxEntries: opts.MemoryMaxEntries})
 			e.closes = append(e.closes, func() { _ = mem.Close() })
@@ -208,7 +196,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 				return nil, err
 			}
 			e.closes = append(e.closes, s.close)
-			add(name, s.url, true)
+			add(name, s.url)
 		case targetPostgres:
 			pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
 			if err != nil {
@@ -221,7 +209,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 				return nil, err
 			}
 			e.closes = append(e.closes, s.close)
-			add(name, s.url, true)
+			add(name, s.url)
 		default:
 			return nil, fmt.Errorf("unknown target %q", name)
 		}
