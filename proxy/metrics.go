@@ -25,6 +25,7 @@ type Metrics struct {
 	StoreDuration       *prometheus.HistogramVec
 	RecordWriteFailures prometheus.Counter
 	LockLost            prometheus.Counter
+	RecordCacheHits     prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
@@ -53,6 +54,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_lock_lost_total",
 			Help: "Completions or releases refused because the lock had expired and been claimed again or deleted.",
 		}),
+		RecordCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_record_cache_hits_total",
+			Help: "Replays answered from this replica's cache of succeeded records, without a store round trip.",
+		}),
 	}
 	for _, o := range []string{OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay,
 		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError} {
@@ -62,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.StoreDuration.WithLabelValues(op)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost)
+		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RecordCacheHits)
 	}
 	return m
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -37,9 +38,19 @@ func (p *Proxy) reverseProxy() http.Handler {
 		Transport:      rt,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
-		ErrorLog:       nil,
+		BufferPool:     bufferPool{},
 	}
 }
+
+// bufferPool reuses the 32 KiB buffers ReverseProxy copies bodies with;
+// without it every response allocates one.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte { return *copyBuffers.Get().(*[]byte) }
+
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.cfg.Upstream)

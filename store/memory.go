@@ -68,6 +68,24 @@ type memShard struct {
 	// earliest is a lower bound on the expiry of every entry in m, so a
 	// full shard is scanned again only when something may have expired.
 	earliest int64
+	// types interns command types (METHOD /path): records of one route
+	// share one string instead of keeping a copy each.
+	types map[string]string
+}
+
+// maxInterned bounds a shard's interned command types; paths with ids in
+// them are simply not interned past it.
+const maxInterned = 1024
+
+// intern returns the shard's copy of s. The caller holds mu.
+func (sh *memShard) intern(s string) string {
+	if v, ok := sh.types[s]; ok {
+		return v
+	}
+	if len(sh.types) < maxInterned {
+		sh.types[s] = s
+	}
+	return s
 }
 
 // NewMemory returns a memory store and starts its background sweeper;
@@ -97,6 +115,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 	}
 	for i := range m.shards {
 		m.shards[i].m = make(map[memKey]memEntry)
+		m.shards[i].types = make(map[string]string)
 	}
 	if opts.SweepInterval > 0 {
 		go m.sweeper(opts.SweepInterval)
@@ -192,7 +211,7 @@ func (m *Memory) Claim(_ context.Context, c idemproxy.Claim) (idemproxy.ClaimRes
 		fingerprint: c.Fingerprint,
 		owner:       c.Owner,
 		commandID:   c.CommandID,
-		commandType: c.CommandType,
+		commandType: sh.intern(c.CommandType),
 		created:     now,
 		expires:     now + int64(c.Lease),
 		state:       idemproxy.StateInFlight,

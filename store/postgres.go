@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
@@ -196,7 +197,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 	defer cancel()
 	for range claimAttempts {
 		row := p.pool.QueryRow(ctx, claimSQL,
-			c.Tenant, c.Key, c.CommandID, c.CommandType, c.Owner, c.Fingerprint[:],
+			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
 			c.Lease.Microseconds(), p.graceUS)
 		var claimed bool
 		e, err := scanEntry(row, &claimed)
@@ -236,7 +237,7 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, completeSQL,
-		c.Tenant, c.Key, c.Owner, c.Status, header, body, truncated, c.TTL.Microseconds())
+		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
 	if err != nil {
 		return failure("complete", err)
 	}
@@ -251,7 +252,7 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, releaseSQL, tenant, key, owner)
+	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(tenant), key, pgUUID(owner))
 	if err != nil {
 		return failure("release", err)
 	}
@@ -266,7 +267,7 @@ func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, ow
 func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, tenant, key), nil)
+	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key), nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
@@ -282,7 +283,7 @@ func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (id
 func (p *Postgres) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, deleteSQL, tenant, key)
+	tag, err := p.pool.Exec(ctx, deleteSQL, pgUUID(tenant), key)
 	if err != nil {
 		return failure("delete", err)
 	}
@@ -361,6 +362,10 @@ func (p *Postgres) RunPurge(ctx context.Context, interval time.Duration, batch i
 
 // scanEntry reads entryColumns, preceded by the claimed flag when claimed
 // is not nil. Tenant and Key are left for the caller.
+// pgUUID passes a UUID to pgx in its native form; a uuid.UUID would go
+// through driver.Valuer and a text round trip on every statement.
+func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
+
 func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 	var (
 		e           idemproxy.Entry
@@ -371,8 +376,9 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 		header      []byte
 		body        []byte
 		truncated   *bool
+		commandID   pgtype.UUID
 	)
-	dest := []any{&state, &e.CommandID, &e.CommandType, &fingerprint, &e.CreatedAt,
+	dest := []any{&state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
 		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated}
 	if claimed != nil {
 		dest = append([]any{claimed}, dest...)
@@ -380,6 +386,7 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 	if err := row.Scan(dest...); err != nil {
 		return e, err
 	}
+	e.CommandID = commandID.Bytes
 	switch state {
 	case "in_flight":
 		e.State = idemproxy.StateInFlight

@@ -204,7 +204,10 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, closePG)
 			e.pg, e.pgURL = pg, pgURL
-			s, err := serveIdemproxy(name, upURL, pg, resolver, logger)
+			// As cmd/idemproxy runs it: replays answered from the
+			// per-replica record cache (IDEMPROXY_RECORD_CACHE_* defaults).
+			cachedPG := proxy.CacheRecords(pg, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
+			s, err := serveIdemproxy(name, upURL, cachedPG, resolver, logger)
 			if err != nil {
 				return nil, err
 			}

@@ -33,6 +33,8 @@ type Config struct {
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout; 1.5x bounds each store operation"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres round trip (0 disables)"`
+	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking Postgres again"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
 
 	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," desc:"ordered list of header, jwt"`
@@ -210,6 +212,12 @@ func (c Config) validate() error {
 	}
 	if c.PurgeBatch < 1 || c.PurgeBatch > 100000 {
 		bad("IDEMPROXY_PURGE_BATCH", "must be between 1 and 100000, got %d", c.PurgeBatch)
+	}
+	if c.RecordCacheEntries < 0 {
+		bad("IDEMPROXY_RECORD_CACHE_ENTRIES", "must be 0 (off) or positive, got %d", c.RecordCacheEntries)
+	}
+	if c.RecordCacheTTL <= 0 {
+		bad("IDEMPROXY_RECORD_CACHE_TTL", "must be a positive duration, got %s", c.RecordCacheTTL)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)

@@ -157,6 +157,12 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
 	}
 	metrics := proxy.NewMetrics(reg)
+	if cfg.Store == "postgres" {
+		st = proxy.CacheRecords(st, proxy.RecordCacheOptions{
+			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
+			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
+		})
+	}
 	upstream, _ := url.Parse(cfg.UpstreamURL)
 	p, err := proxy.New(proxy.Config{
 		Upstream:        upstream,
