@@ -124,7 +124,7 @@ func memoryStore(*env, *proxy.Config, *tenancy.Config) {}
 
 // postgresStore runs the env on the real Postgres at TEST_DATABASE_URL.
 func postgresStore(e *env, c *proxy.Config, _ *tenancy.Config) {
-	pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: pgtest.URL(e.t)})
+	pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: pgtest.URL(e.t), MaxConns: 8})
 	if err != nil {
 		e.t.Fatalf("NewPostgres: %v", err)
 	}

@@ -27,7 +27,7 @@ func TestPostgresClaimRaceAcrossPools(t *testing.T) {
 	dbURL := testDatabase(t)
 	stores := make([]*Postgres, 3)
 	for i := range stores {
-		stores[i] = newTestPostgres(t, PostgresOptions{URL: dbURL, MaxConns: 20})
+		stores[i] = newTestPostgres(t, PostgresOptions{URL: dbURL, MaxConns: 10})
 	}
 	tenant := uuid.New()
 	const keys, racers = 20, 60
