@@ -1,0 +1,284 @@
+//go:build fault
+
+package faultsuite
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Reasons a command may legitimately run a second time (the documented
+// at-least-once window): its first execution's outcome never reached the
+// store before the lease ended.
+const (
+	// reasonKilled: the replica that forwarded it was SIGKILLed while it
+	// was in flight.
+	reasonKilled = "replica-killed-in-flight"
+	// reasonUnknownOutcome: the proxy got no answer (upstream timeout,
+	// reset, cut connection) and said so: 502/504, lock kept for the lease.
+	reasonUnknownOutcome = "upstream-outcome-unknown"
+	// reasonRecordWriteFailed: the upstream answered 2xx but the record
+	// could not be written (RECORD WRITE FAILED), lock kept for the lease.
+	reasonRecordWriteFailed = "record-write-failed"
+	// reasonLockLost: the record write was still being retried when the
+	// lease ended and another replica claimed the key.
+	reasonLockLost = "record-write-late-lock-lost"
+)
+
+// evidence is what the suite learned about the run besides the upstream's
+// counts: faults, and what the replicas logged.
+type evidence struct {
+	lease         time.Duration
+	faults        []fault
+	recordFailed  map[string]bool // command ids
+	lockLost      map[string]bool
+	upstreamError map[string]bool // command ids the proxy answered 502/504 for, as its clients saw
+}
+
+// explain returns why execution e may have been followed by another, or
+// "" if nothing explains it.
+func (ev *evidence) explain(e execution) string {
+	switch {
+	case ev.recordFailed[e.CommandID]:
+		return reasonRecordWriteFailed
+	case ev.lockLost[e.CommandID]:
+		return reasonLockLost
+	}
+	for _, f := range ev.faults {
+		if !strings.HasPrefix(f.Kind, "sigkill") || f.Slot != e.Slot {
+			continue
+		}
+		// Sent by the killed process (received before its successor
+		// was launched: what it wrote just before the signal may reach
+		// the upstream just after), at most a lease before the kill:
+		// it may never have been recorded.
+		if e.Received.Before(f.Restarted) && f.Start.Sub(e.Received) <= ev.lease+time.Second {
+			return reasonKilled
+		}
+	}
+	if e.Mode == modeSlow || e.Mode == modeReset || ev.upstreamError[e.CommandID] {
+		return reasonUnknownOutcome
+	}
+	for _, f := range ev.faults {
+		if f.Kind != "upstream-path-cut" || f.Slot != e.Slot {
+			continue
+		}
+		done := e.Done
+		if done.IsZero() {
+			done = e.Received
+		}
+		// The connection was cut while the answer was on its way.
+		if !f.Start.Before(e.Received) && !f.Start.After(done.Add(200*time.Millisecond)) {
+			return reasonUnknownOutcome
+		}
+	}
+	return ""
+}
+
+// dupReport describes one (tenant, key) the upstream ran more than once.
+type dupReport struct {
+	Tenant     string   `json:"tenant"`
+	Key        string   `json:"key"`
+	Executions []string `json:"executions"`
+	Reasons    []string `json:"reasons"`
+	Problem    string   `json:"problem,omitempty"`
+}
+
+// verdict is the key-by-key result.
+type verdict struct {
+	Executions            int            `json:"executions"`
+	KeysExecuted          int            `json:"keys_executed"`
+	KeysExecutedTwicePlus int            `json:"keys_executed_more_than_once"`
+	ExplainedDuplicates   int            `json:"explained_duplicates"`
+	ExplainedByReason     map[string]int `json:"explained_by_reason"`
+	UnexplainedDuplicates int            `json:"unexplained_duplicates"`
+	EarlyDuplicates       int            `json:"duplicates_within_lease"`
+	SameCommandTwice      int            `json:"same_command_id_executed_twice"`
+	Unexplained           []dupReport    `json:"unexplained,omitempty"`
+	ExplainedSamples      []dupReport    `json:"explained_samples,omitempty"`
+
+	Keys                int      `json:"keys"`
+	KeysOK              int      `json:"keys_ok"`
+	KeysFirstTime2xx    int      `json:"keys_first_time_2xx"`
+	KeysReplayed2xx     int      `json:"keys_replayed_2xx"`
+	KeysFailed          int      `json:"keys_without_2xx"`
+	KeysFailedDefinite  int      `json:"keys_without_2xx_definite_error"`
+	FailedSamples       []string `json:"keys_without_2xx_samples,omitempty"`
+	OKWithoutExecution  int      `json:"2xx_for_command_never_executed"`
+	ReplayChecks        int      `json:"replay_checks"`
+	ReplayChecksOK      int      `json:"replay_checks_ok"`
+	ReplayMismatchExpl  int      `json:"replay_checks_rerun_explained"`
+	ReplayMismatchUnexp int      `json:"replay_checks_mismatch_unexplained"`
+	ReplayCheckFailed   int      `json:"replay_checks_without_2xx"`
+	Variants            int      `json:"variant_bodies_sent"`
+	Variants422         int      `json:"variant_bodies_422"`
+	// VariantsRanExplained counts reused keys whose first command's
+	// record never landed (an explained duplicate) and whose lease had
+	// ended, so the different body ran as a new command.
+	VariantsRanExplained int      `json:"variant_bodies_ran_after_lease_explained"`
+	VariantsOther        []string `json:"variant_bodies_other,omitempty"`
+	Violations           []string `json:"violations,omitempty"`
+	// LockLostFalseAlarms counts "lock expired and was claimed again"
+	// reports for commands that ran once and whose record is written
+	// (see TestCompleteWhoseAckWasLostIsNotALostLock).
+	LockLostFalseAlarms int `json:"lock_lost_false_alarms"`
+}
+
+// dbRow is a key's row in idempotency_keys at the end.
+type dbRow struct {
+	state, commandID string
+}
+
+// judge checks every key: executions against evidence, what the clients
+// got, and the rows left in Postgres.
+func judge(execs map[string][]execution, byCmd map[string]int, results []*keyResult, rows map[string]dbRow, ev *evidence) verdict {
+	v := verdict{ExplainedByReason: map[string]int{}}
+	violate := func(format string, args ...any) {
+		if len(v.Violations) < 100 {
+			v.Violations = append(v.Violations, fmt.Sprintf(format, args...))
+		}
+	}
+	for id, n := range byCmd {
+		if n > 1 {
+			v.SameCommandTwice++
+			violate("command %s executed %d times (one forward delivered twice)", id, n)
+		}
+	}
+
+	ids := make([]string, 0, len(execs))
+	for id := range execs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	allExplained := map[string]bool{} // keys whose duplicates are all explained
+	executedCmds := map[string]map[string]bool{}
+	for _, id := range ids {
+		es := execs[id]
+		sort.Slice(es, func(i, j int) bool { return es[i].Received.Before(es[j].Received) })
+		v.Executions += len(es)
+		v.KeysExecuted++
+		cmds := map[string]bool{}
+		for _, e := range es {
+			cmds[e.CommandID] = true
+		}
+		executedCmds[id] = cmds
+		if len(es) < 2 {
+			continue
+		}
+		v.KeysExecutedTwicePlus++
+		tenant, key := splitKeyID(id)
+		d := dupReport{Tenant: tenant, Key: key}
+		for _, e := range es {
+			d.Executions = append(d.Executions, fmt.Sprintf("%s via replica %d (%s) at %s, answered after %s",
+				e.CommandID, e.Slot, e.Mode, e.Received.Format("15:04:05.000"), e.Done.Sub(e.Received).Round(time.Millisecond)))
+		}
+		ok := true
+		for i := 0; i+1 < len(es); i++ {
+			why := ev.explain(es[i])
+			gap := es[i+1].Received.Sub(es[i].Received)
+			if gap < ev.lease-time.Second {
+				v.EarlyDuplicates++
+				d.Problem = fmt.Sprintf("ran again %s after the previous execution, inside its %s lease", gap.Round(time.Millisecond), ev.lease)
+				why = ""
+			}
+			if why == "" {
+				why = "UNEXPLAINED"
+				ok = false
+				v.UnexplainedDuplicates++
+			} else {
+				v.ExplainedDuplicates++
+				v.ExplainedByReason[why]++
+			}
+			d.Reasons = append(d.Reasons, why)
+		}
+		if ok {
+			allExplained[id] = true
+			if len(v.ExplainedSamples) < 10 {
+				v.ExplainedSamples = append(v.ExplainedSamples, d)
+			}
+		} else if len(v.Unexplained) < 50 {
+			v.Unexplained = append(v.Unexplained, d)
+		}
+	}
+
+	for id, es := range execs {
+		if len(es) == 1 && ev.lockLost[es[0].CommandID] && rows[id].state == "succeeded" && rows[id].commandID == es[0].CommandID {
+			v.LockLostFalseAlarms++
+		}
+	}
+
+	for _, kr := range results {
+		v.Keys++
+		id := keyID(kr.Tenant, kr.Key)
+		if !kr.OK {
+			v.KeysFailed++
+			if kr.Definite {
+				v.KeysFailedDefinite++
+			}
+			if len(v.FailedSamples) < 20 {
+				v.FailedSamples = append(v.FailedSamples, fmt.Sprintf("%s after %d attempts: %s", id, kr.Attempts, kr.Last))
+			}
+			continue
+		}
+		v.KeysOK++
+		if kr.Replayed {
+			v.KeysReplayed2xx++
+		} else {
+			v.KeysFirstTime2xx++
+		}
+		if kr.CommandID == "" || !executedCmds[id][kr.CommandID] {
+			v.OKWithoutExecution++
+			violate("%s: 2xx (replayed %v) names command %q, which the upstream never ran for this key", id, kr.Replayed, kr.CommandID)
+		}
+		if kr.ReplayCheck != "" {
+			v.ReplayChecks++
+			switch {
+			case kr.ReplayCheck == "ok":
+				v.ReplayChecksOK++
+			case kr.ReplayCheck == "mismatch" && len(execs[id]) > 1 && allExplained[id]:
+				v.ReplayMismatchExpl++
+			case kr.ReplayCheck == "mismatch":
+				v.ReplayMismatchUnexp++
+				violate("%s: sent again after its 2xx (command %s), got a 2xx for command %s that is not its replay",
+					id, kr.CommandID, kr.ReplayCommandID)
+			default:
+				v.ReplayCheckFailed++
+			}
+		}
+		if kr.Variant != "" {
+			v.Variants++
+			switch {
+			case strings.HasPrefix(kr.Variant, "422"):
+				v.Variants422++
+			case strings.HasPrefix(kr.Variant, "2") && len(execs[id]) > 1 && allExplained[id]:
+				// The first command's record never landed and its
+				// lease ended: the key was free again.
+				v.VariantsRanExplained++
+			default:
+				v.VariantsOther = append(v.VariantsOther, id+": "+kr.Variant)
+			}
+		}
+		// The record must be durable and name the command the client was
+		// last told about, unless that command's record write failed.
+		last := kr.CommandID
+		if kr.ReplayCommandID != "" {
+			last = kr.ReplayCommandID
+		}
+		if ev.recordFailed[last] || ev.lockLost[last] {
+			continue
+		}
+		row, found := rows[id]
+		switch {
+		case !found:
+			violate("%s: got 2xx for command %s but no row is left in idempotency_keys", id, last)
+		case row.state != "succeeded":
+			violate("%s: got 2xx for command %s but its row is %s (command %s): the response was released before the record was durable",
+				id, last, row.state, row.commandID)
+		case row.commandID != last && !(kr.Variant != "" && executedCmds[id][row.commandID] && allExplained[id]):
+			violate("%s: the client was told command %s, the record names %s", id, last, row.commandID)
+		}
+	}
+	return v
+}
