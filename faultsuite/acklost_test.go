@@ -23,24 +23,10 @@ import (
 // idemproxy retries the write, finds its own record already there, and
 // must count that as written.
 //
-// PRODUCT BUG (reported, not fixed here; this test fails until it is):
-// store.Postgres.Complete (store/postgres.go, completeSQL and the
-// RowsAffected() == 0 → ErrNotOwner branch) is not idempotent for its
-// owner: a retry after a commit whose acknowledgement was lost matches no
-// row (state is already 'succeeded'), returns idemproxy.ErrNotOwner, and
-// proxy.complete (proxy/idempotency.go, the ErrNotOwner branch of the retry
-// loop) then increments idemproxy_lock_lost_total and logs "record not
-// written: the lock expired and was claimed again; the command may have run
-// twice", although the record was written, by this very command, and
-// nothing ran twice. Every database blip during a completion raises this
-// false double-execution alarm (seen in the load suite as lock-lost events
-// whose key ran once and holds a record with that command id). Fix, in
-// proxy.complete: when a retry (wait > 0) gets ErrNotOwner, Lookup the key
-// and return as written if it is a record (StateSucceeded) with this
-// command's CommandID; only otherwise count and log a lost lock. (Making
-// Postgres.Complete itself succeed on its own owner's record would also do,
-// but contradicts the store contract test "only the owner completes, once",
-// which wants a second Complete to fail.)
+// Regression test: proxy.complete used to count such a retry's
+// ErrNotOwner (the row is already 'succeeded') as a lost lock and log a
+// possible double execution; it now looks the key up and accepts its own
+// record.
 func TestCompleteWhoseAckWasLostIsNotALostLock(t *testing.T) {
 	dbURL := pgtest.URL(t)
 	pgu, err := url.Parse(dbURL)

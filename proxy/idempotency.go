@@ -239,12 +239,16 @@ func (p *Proxy) complete(ctx context.Context, cmd *command, status int, resp *id
 		Status: status, Response: resp, TTL: p.cfg.KeyTTL,
 	}
 	var err error
-	for _, wait := range completeBackoff {
+	for attempt, wait := range completeBackoff {
 		if wait > 0 {
 			time.Sleep(wait)
 		}
 		err = p.storeOp(ctx, "complete", func(ctx context.Context) error { return p.cfg.Store.Complete(ctx, c) })
 		if err == nil {
+			return
+		}
+		if errors.Is(err, idemproxy.ErrNotOwner) && attempt > 0 && p.ownRecord(ctx, cmd) {
+			// An earlier attempt was written, but its answer was lost.
 			return
 		}
 		if errors.Is(err, idemproxy.ErrNotOwner) {
@@ -259,6 +263,16 @@ func (p *Proxy) complete(ctx context.Context, cmd *command, status int, resp *id
 	p.log.ErrorContext(ctx, "RECORD WRITE FAILED after a 2xx: key stays locked until its lease ends",
 		"request_id", cmd.info.id, "tenant", c.Tenant.String(), "idempotency_key", c.Key,
 		"command_id", cmd.claim.CommandID.String(), "lease", p.cfg.LockTimeout.String(), "error", err)
+}
+
+// ownRecord reports whether the key holds the record of this very command.
+func (p *Proxy) ownRecord(ctx context.Context, cmd *command) bool {
+	var e idemproxy.Entry
+	err := p.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
+		e, err = p.cfg.Store.Lookup(ctx, cmd.claim.Tenant, cmd.claim.Key)
+		return err
+	})
+	return err == nil && e.State == idemproxy.StateSucceeded && e.CommandID == cmd.claim.CommandID
 }
 
 // release drops the lock of a command whose outcome is known not to have

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -769,4 +770,39 @@ func testTokensAtTheProxy(t *testing.T, st option) {
 	if n := e.entries(); n != 1 {
 		t.Fatalf("store holds %d entries, want 1", n)
 	}
+}
+
+// ackLostStore writes the first completion but reports it as failed, as
+// when the database commits and the connection drops before the answer.
+type ackLostStore struct {
+	proxy.Store
+	lost atomic.Bool
+}
+
+func (a *ackLostStore) Complete(ctx context.Context, c idemproxy.Completion) error {
+	err := a.Store.Complete(ctx, c)
+	if err == nil && a.lost.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: connection reset", idemproxy.ErrUnavailable)
+	}
+	return err
+}
+
+// A completion whose acknowledgement was lost is found on retry: no
+// record-write failure and no lost-lock alarm, and the key replays.
+func TestCompleteAckLost(t *testing.T) { forEachStore(t, testCompleteAckLost) }
+
+func testCompleteAckLost(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Store = &ackLostStore{Store: c.Store} })
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
+		t.Fatalf("lock lost: %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 0 {
+		t.Fatalf("record write failures: %v, want 0", got)
+	}
+	resp := e.do(req{key: "k"})
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatal("not replayed")
+	}
+	e.wantCalls(1)
 }

@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		StoreDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_store_duration_seconds",
-			Help:    "Duration of idempotency store operations, by op (claim, complete, release).",
+			Help:    "Duration of idempotency store operations, by op (claim, complete, release, lookup).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18),
 		}, []string{"op"}),
 		RecordWriteFailures: prometheus.NewCounter(prometheus.CounterOpts{
@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError} {
 		m.Requests.WithLabelValues(o)
 	}
-	for _, op := range []string{"claim", "complete", "release"} {
+	for _, op := range []string{"claim", "complete", "release", "lookup"} {
 		m.StoreDuration.WithLabelValues(op)
 	}
 	if reg != nil {

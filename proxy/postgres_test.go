@@ -33,7 +33,7 @@ func replica(t *testing.T, up *upstream, dbURL string) (*httptest.Server, *store
 	t.Cleanup(pg.Close)
 	p, err := proxy.New(proxy.Config{
 		Upstream: up.url(), Store: pg, Tenancy: mustResolver(t),
-		LockTimeout: 10 * time.Second, UpstreamTimeout: 5 * time.Second,
+		LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -137,6 +137,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.LockTimeout <= cfg.UpstreamTimeout {
 		return nil, fmt.Errorf("proxy: lock timeout %s must exceed upstream timeout %s", cfg.LockTimeout, cfg.UpstreamTimeout)
 	}
+	if cfg.LockTimeout <= cfg.UpstreamTimeout+cfg.StoreTimeout {
+		return nil, fmt.Errorf("proxy: lock timeout %s must exceed upstream timeout plus store timeout (%s): a command must be able to record itself within its lease",
+			cfg.LockTimeout, cfg.UpstreamTimeout+cfg.StoreTimeout)
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 10 << 20
 	}

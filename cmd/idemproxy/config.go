@@ -184,6 +184,9 @@ func (c Config) validate() error {
 	if c.LockTimeout <= c.UpstreamTimeout {
 		bad("IDEMPROXY_LOCK_TIMEOUT", "must exceed IDEMPROXY_UPSTREAM_TIMEOUT (%s <= %s): a lock must outlive the command it guards",
 			c.LockTimeout, c.UpstreamTimeout)
+	} else if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
+		bad("IDEMPROXY_LOCK_TIMEOUT", "must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT (%s <= %s): a command must be able to record itself within its lease",
+			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
 	}
 	for _, m := range c.RequireKey {
 		switch strings.ToUpper(strings.TrimSpace(m)) {

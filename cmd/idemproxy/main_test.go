@@ -312,6 +312,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"IDEMPROXY_UPSTREAM_URL": ""}, "IDEMPROXY_UPSTREAM_URL is required"},
 		{map[string]string{"IDEMPROXY_UPSTREAM_URL": "orders:8081"}, "IDEMPROXY_UPSTREAM_URL must be an absolute"},
 		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "30s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"},
+		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "33s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"},
 		{map[string]string{"IDEMPROXY_KEY_TTL": "soon"}, "IDEMPROXY_KEY_TTL: cannot parse"},
 		{map[string]string{"IDEMPROXY_KEY_TTL": "-1h"}, "IDEMPROXY_KEY_TTL must be a positive duration"},
 		{map[string]string{"IDEMPROXY_MODE": "loose"}, "IDEMPROXY_MODE must be noop, strict or replay"},
