@@ -38,19 +38,22 @@ func (p *Proxy) reverseProxy() http.Handler {
 		Transport:      rt,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
-		BufferPool:     bufferPool{},
+		BufferPool:     BufferPool{},
 	}
 }
 
-// bufferPool reuses the 32 KiB buffers ReverseProxy copies bodies with;
-// without it every response allocates one.
-type bufferPool struct{}
+// BufferPool is an httputil.BufferPool of the 32 KiB buffers ReverseProxy
+// copies bodies with; without one every response allocates a buffer. Its
+// zero value is ready to use.
+type BufferPool struct{}
 
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-func (bufferPool) Get() []byte { return *copyBuffers.Get().(*[]byte) }
+// Get returns a 32 KiB buffer.
+func (BufferPool) Get() []byte { return *copyBuffers.Get().(*[]byte) }
 
-func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
+// Put returns a buffer for reuse.
+func (BufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.cfg.Upstream)
