@@ -96,19 +96,31 @@ func (p *Proxy) idempotency(next http.Handler) http.Handler {
 			p.answerExisting(w, ri, cmd.claim.Fingerprint, res.Entry)
 			return
 		}
-		ri.commandID = cmd.claim.CommandID
+		ri.commandID = cmd.claim.CommandID.String()
 		ri.outcome = OutcomeForwarded
 
 		ctx, cancel := context.WithTimeout(context.WithValue(ctx, commandKey{}, cmd), p.cfg.UpstreamTimeout)
 		defer cancel()
 		out := r.WithContext(ctx)
-		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.Body = newBodyReader(body)
 		out.ContentLength = int64(len(body))
-		out.Header.Del("Transfer-Encoding")
 		out.TransferEncoding = nil
 		next.ServeHTTP(w, out)
 	})
 }
+
+// bodyReader replays a buffered keyed body to the upstream. It has no
+// GetBody, so net/http never resends it by itself.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(b []byte) *bodyReader {
+	r := &bodyReader{}
+	r.Reset(b)
+	return r
+}
+
+// Close does nothing: the body is in memory.
+func (*bodyReader) Close() error { return nil }
 
 func newCommandID() uuid.UUID {
 	id, err := uuid.NewV7()
@@ -126,10 +138,12 @@ func (p *Proxy) reject(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Probl
 // readBody reads a keyed body whole, up to MaxBodyBytes.
 func (p *Proxy) readBody(r *http.Request) ([]byte, *idemproxy.Problem) {
 	limit := p.cfg.MaxBodyBytes
-	tooLarge := idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
-		fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", limit))
+	tooLarge := func() *idemproxy.Problem {
+		return idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
+			fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", limit))
+	}
 	if r.ContentLength > limit {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -143,14 +157,14 @@ func (p *Proxy) readBody(r *http.Request) ([]byte, *idemproxy.Problem) {
 		return nil, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body could not be read completely")
 	}
 	if int64(buf.Len()) > limit {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	return buf.Bytes(), nil
 }
 
 // answerExisting answers a request whose key is already locked or recorded.
 func (p *Proxy) answerExisting(w http.ResponseWriter, ri *reqInfo, fp idemproxy.Fingerprint, e idemproxy.Entry) {
-	ri.commandID = e.CommandID
+	ri.commandID = e.CommandID.String()
 	if e.Fingerprint != fp {
 		ri.outcome = OutcomeFingerprintMismatch
 		prob := idemproxy.NewProblem(idemproxy.ProblemKeyReused,
@@ -168,14 +182,14 @@ func (p *Proxy) answerExisting(w http.ResponseWriter, ri *reqInfo, fp idemproxy.
 	}
 	h := w.Header()
 	h.Set("Idempotent-Replayed", "true")
-	h.Set("Idempotency-Command-Id", e.CommandID.String())
+	h.Set("Idempotency-Command-Id", ri.commandID)
 	h.Set("Idempotency-Command-Type", e.CommandType)
 	if p.cfg.Mode == ModeStrict {
 		ri.outcome = OutcomeConflictReplay
 		prob := idemproxy.NewProblem(idemproxy.ProblemReplay,
 			"a request with this Idempotency-Key already succeeded")
 		prob.Extensions = map[string]any{
-			"command_id":   e.CommandID.String(),
+			"command_id":   ri.commandID,
 			"command_type": e.CommandType,
 			"created_at":   e.CreatedAt.UTC().Format(time.RFC3339Nano),
 		}
@@ -221,8 +235,6 @@ func (p *Proxy) observeStore(op string, start time.Time) {
 }
 
 func (p *Proxy) storeClaim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.StoreTimeout)
-	defer cancel()
 	defer p.observeStore("claim", time.Now())
 	return p.cfg.Store.Claim(ctx, c)
 }
@@ -255,14 +267,14 @@ func (p *Proxy) complete(ctx context.Context, cmd *command, status int, resp *id
 			p.metrics.LockLost.Inc()
 			p.log.ErrorContext(ctx, "record not written: the lock expired and was claimed again; the command may have run twice",
 				"request_id", cmd.info.id, "tenant", c.Tenant.String(), "idempotency_key", c.Key,
-				"command_id", cmd.claim.CommandID.String())
+				"command_id", cmd.info.commandID)
 			return
 		}
 	}
 	p.metrics.RecordWriteFailures.Inc()
 	p.log.ErrorContext(ctx, "RECORD WRITE FAILED after a 2xx: key stays locked until its lease ends",
 		"request_id", cmd.info.id, "tenant", c.Tenant.String(), "idempotency_key", c.Key,
-		"command_id", cmd.claim.CommandID.String(), "lease", p.cfg.LockTimeout.String(), "error", err)
+		"command_id", cmd.info.commandID, "lease", p.cfg.LockTimeout.String(), "error", err)
 }
 
 // ownRecord reports whether the key holds the record of this very command.
@@ -290,9 +302,9 @@ func (p *Proxy) release(ctx context.Context, cmd *command) {
 	}
 }
 
+// storeOp runs a store operation that must finish even if the request's
+// context ends: the store bounds its duration.
 func (p *Proxy) storeOp(ctx context.Context, op string, f func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.StoreTimeout)
-	defer cancel()
 	defer p.observeStore(op, time.Now())
-	return f(ctx)
+	return f(context.WithoutCancel(ctx))
 }

@@ -22,7 +22,7 @@ type reqInfo struct {
 	outcome   string
 	tenant    uuid.UUID
 	key       string
-	commandID uuid.UUID
+	commandID string
 }
 
 type infoKey struct{}
@@ -137,8 +137,8 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 			if ri.key != "" {
 				attrs = append(attrs, slog.String("idempotency_key", ri.key))
 			}
-			if ri.commandID != uuid.Nil {
-				attrs = append(attrs, slog.String("command_id", ri.commandID.String()))
+			if ri.commandID != "" {
+				attrs = append(attrs, slog.String("command_id", ri.commandID))
 			}
 			p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 		}()

@@ -24,9 +24,10 @@ import (
 )
 
 // Store keeps locks and records. Each method is one atomic operation; a
-// Postgres store makes each one statement. Errors other than the
-// idemproxy sentinels mean the store could not be used (the request fails
-// closed with 503).
+// Postgres store makes each one statement. A store bounds the time of its
+// own operations (the proxy passes contexts without a deadline). Errors
+// other than the idemproxy sentinels mean the store could not be used (the
+// request fails closed with 503).
 type Store interface {
 	// Claim locks (tenant, key) unless a live lock or record exists, in
 	// which case it returns that entry with Claimed false.
@@ -75,8 +76,6 @@ type Config struct {
 	// UpstreamTimeout bounds a keyed command, and the wait for response
 	// headers of any request; zero means 30s.
 	UpstreamTimeout time.Duration
-	// StoreTimeout bounds each store operation; zero means 5s.
-	StoreTimeout time.Duration
 	// RequireKey lists non-safe methods that must carry a key.
 	RequireKey []string
 	// MaxBodyBytes is the largest keyed request body; zero means 10 MiB.
@@ -133,13 +132,8 @@ func New(cfg Config) (*Proxy, error) {
 	defaultDuration(&cfg.KeyTTL, 24*time.Hour)
 	defaultDuration(&cfg.LockTimeout, 60*time.Second)
 	defaultDuration(&cfg.UpstreamTimeout, 30*time.Second)
-	defaultDuration(&cfg.StoreTimeout, 5*time.Second)
 	if cfg.LockTimeout <= cfg.UpstreamTimeout {
 		return nil, fmt.Errorf("proxy: lock timeout %s must exceed upstream timeout %s", cfg.LockTimeout, cfg.UpstreamTimeout)
-	}
-	if cfg.LockTimeout <= cfg.UpstreamTimeout+cfg.StoreTimeout {
-		return nil, fmt.Errorf("proxy: lock timeout %s must exceed upstream timeout plus store timeout (%s): a command must be able to record itself within its lease",
-			cfg.LockTimeout, cfg.UpstreamTimeout+cfg.StoreTimeout)
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 10 << 20

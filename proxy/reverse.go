@@ -65,7 +65,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if cmd == nil {
 		return
 	}
-	h.Set("Idempotency-Command-Id", cmd.claim.CommandID.String())
+	h.Set("Idempotency-Command-Id", cmd.info.commandID)
 	// net/http's Transport resends a request carrying an Idempotency-Key
 	// header when a reused connection fails before the first response
 	// byte (Request.isReplayable), and the upstream may then run it twice.
@@ -105,7 +105,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		stored = p.capture(resp)
 	}
 	p.complete(ctx, cmd, resp.StatusCode, stored)
-	resp.Header.Set("Idempotency-Command-Id", cmd.claim.CommandID.String())
+	resp.Header.Set("Idempotency-Command-Id", cmd.info.commandID)
 	return nil
 }
 
@@ -166,7 +166,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	if cmd != nil && !notSent {
 		prob.RetryAfter = retryAfter(p.cfg.LockTimeout)
-		prob.Extensions = map[string]any{"command_id": cmd.claim.CommandID.String()}
+		prob.Extensions = map[string]any{"command_id": cmd.info.commandID}
 	}
 	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.id, "error", err, "sent", !notSent)
 	idemproxy.WriteProblem(w, prob)

@@ -28,11 +28,13 @@ type PostgresOptions struct {
 	// MaxConns bounds the connection pool. Zero means 20.
 	MaxConns int32
 	// StatementTimeout is set as the server's statement_timeout on every
-	// connection, and, with half of it again as a margin, bounds each
-	// operation on the client side, including the wait for a pooled
-	// connection and a database that does not answer at all. Zero means
-	// two seconds.
+	// connection. Zero means two seconds.
 	StatementTimeout time.Duration
+	// OpTimeout bounds each operation on the client side, including the
+	// wait for a pooled connection and a database that does not answer at
+	// all (IDEMPROXY_STORE_TIMEOUT). Zero means StatementTimeout plus half
+	// of it again.
+	OpTimeout time.Duration
 	// LockGrace is how long a lock whose lease ended is kept before Purge
 	// deletes it. Such a lock counts as absent for Claim and Lookup at
 	// once; it is kept so that a late Complete from its owner still
@@ -86,7 +88,10 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"
 	}
-	opTimeout := opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
+	opTimeout := opts.OpTimeout
+	if opTimeout <= 0 {
+		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = opTimeout
 	}

@@ -31,7 +31,7 @@ type Config struct {
 
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
-	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout; 1.5x bounds each store operation"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking Postgres again"`

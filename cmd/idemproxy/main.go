@@ -172,7 +172,6 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		KeyTTL:          cfg.KeyTTL,
 		LockTimeout:     cfg.LockTimeout,
 		UpstreamTimeout: cfg.UpstreamTimeout,
-		StoreTimeout:    cfg.StoreTimeout,
 		RequireKey:      cfg.RequireKey,
 		MaxBodyBytes:    cfg.MaxBodyBytes,
 		ReplayMaxBytes:  cfg.ReplayMaxBytes,
@@ -227,7 +226,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	// its record write; give it that, then stop.
 	draining.Store(true)
 	log.Info("shutting down: draining in-flight requests")
-	grace := cfg.UpstreamTimeout + 2*cfg.StoreTimeout + 5*time.Second
+	grace := cfg.UpstreamTimeout + 5*cfg.StoreTimeout + 5*time.Second
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err = proxySrv.Shutdown(sctx)

@@ -58,6 +58,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Stor
 		URL:              cfg.DatabaseURL,
 		MaxConns:         cfg.DBMaxConns,
 		StatementTimeout: cfg.DBStatementTimeout,
+		OpTimeout:        cfg.StoreTimeout,
 		Logger:           log,
 	})
 	if err != nil {
