@@ -305,3 +305,17 @@ func newEnvWithStoreLimit(t *testing.T, max int) *env {
 	e.mem, e.clock = m, c
 	return e
 }
+
+// wantReplay checks a retry of a recorded command is answered as mode
+// says: the original status (noop, replay) or a 409 naming it (strict).
+func (e *env) wantReplay(resp *http.Response, mode proxy.Mode, status int) {
+	e.t.Helper()
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		e.t.Fatalf("not a replay: %d %v", resp.StatusCode, resp.Header)
+	}
+	if mode == proxy.ModeStrict {
+		wantProblem(e.t, resp, http.StatusConflict, "replay")
+		return
+	}
+	wantStatus(e.t, resp, status)
+}

@@ -24,6 +24,10 @@ const TenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey
 type command struct {
 	claim idemproxy.Claim
 	info  *reqInfo
+	// leaseEnd is when the lock's lease ends, on this replica's clock,
+	// counted from before the claim was sent (so never later than the
+	// store's own end).
+	leaseEnd time.Time
 }
 
 type commandKey struct{}
@@ -87,6 +91,7 @@ func (p *Proxy) idempotency(next http.Handler) http.Handler {
 				Lease:       p.cfg.LockTimeout,
 			},
 		}
+		claimSent := time.Now()
 		res, err := p.storeClaim(ctx, cmd.claim)
 		if err != nil {
 			p.storeFailed(w, r, ri, err)
@@ -97,6 +102,7 @@ func (p *Proxy) idempotency(next http.Handler) http.Handler {
 			return
 		}
 		ri.commandID = cmd.claim.CommandID.String()
+		cmd.leaseEnd = claimSent.Add(res.Entry.Remaining)
 		ri.outcome = OutcomeForwarded
 
 		ctx, cancel := context.WithTimeout(context.WithValue(ctx, commandKey{}, cmd), p.cfg.UpstreamTimeout)

@@ -107,6 +107,14 @@ func testStateTable(t *testing.T, st option) {
 	}
 }
 
+// forEachMode runs a test once per mode: the after-forwarding rules hold
+// whatever a later replay looks like.
+func forEachMode(t *testing.T, f func(t *testing.T, mode proxy.Mode)) {
+	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
+		t.Run(string(mode), func(t *testing.T) { f(t, mode) })
+	}
+}
+
 // blockingUpstream makes the upstream hold requests until release is
 // closed; entered receives one value per request that arrived.
 func blockingUpstream(t *testing.T, e *env) (entered chan struct{}, release func()) {
@@ -160,94 +168,107 @@ func testInFlight(t *testing.T, st option) {
 func TestUpstreamNon2xxReleases(t *testing.T) { forEachStore(t, testUpstreamNon2xxReleases) }
 
 func testUpstreamNon2xxReleases(t *testing.T, st option) {
-	for _, code := range []int{http.StatusBadRequest, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable} {
-		t.Run(strconv.Itoa(code), func(t *testing.T) {
-			e := newEnv(t, st)
-			e.up.set(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/plain")
-				w.WriteHeader(code)
-				io.WriteString(w, "upstream says no")
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		for _, code := range []int{http.StatusBadRequest, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable} {
+			t.Run(strconv.Itoa(code), func(t *testing.T) {
+				e := newEnv(t, st, withMode(mode))
+				e.up.set(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "text/plain")
+					w.WriteHeader(code)
+					io.WriteString(w, "upstream says no")
+				})
+				resp := e.do(req{key: "k"})
+				wantStatus(t, resp, code)
+				if body := readBody(t, resp); body != "upstream says no" || resp.Header.Get("Content-Type") != "text/plain" {
+					t.Fatalf("upstream response changed: %q %v", body, resp.Header)
+				}
+				// Released: the retry runs normally.
+				e.up.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+				wantStatus(t, e.do(req{key: "k"}), http.StatusOK)
+				e.wantCalls(2)
+				e.wantReplay(e.do(req{key: "k"}), mode, http.StatusOK)
+				e.wantCalls(2)
 			})
-			resp := e.do(req{key: "k"})
-			wantStatus(t, resp, code)
-			if body := readBody(t, resp); body != "upstream says no" || resp.Header.Get("Content-Type") != "text/plain" {
-				t.Fatalf("upstream response changed: %q %v", body, resp.Header)
-			}
-			// Released: the retry runs normally.
-			e.up.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-			wantStatus(t, e.do(req{key: "k"}), http.StatusOK)
-			e.wantCalls(2)
-			wantStatus(t, e.do(req{key: "k"}), http.StatusOK)
-			e.wantCalls(2)
-		})
-	}
+		}
+	})
 }
 
 func TestUpstreamRefusedReleases(t *testing.T) { forEachStore(t, testUpstreamRefusedReleases) }
 
 func testUpstreamRefusedReleases(t *testing.T, st option) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
 
-	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = addr })
-	p := wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-unreachable")
-	if p["detail"] == "" {
-		t.Fatal("no detail")
-	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeUpstreamError)); got != 1 {
-		t.Fatalf("upstream_error outcomes: got %v, want 1", got)
-	}
+		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Upstream.Host = addr })
+		p := wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-unreachable")
+		if p["detail"] == "" {
+			t.Fatal("no detail")
+		}
+		if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeUpstreamError)); got != 1 {
+			t.Fatalf("upstream_error outcomes: got %v, want 1", got)
+		}
 
-	// The upstream comes back on the same address: the retry runs once.
-	ln, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("cannot listen again on %s: %v", addr, err)
-	}
-	back := httptest.NewUnstartedServer(e.up.srv.Config.Handler)
-	back.Listener = ln
-	back.Start()
-	defer back.Close()
-	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
-	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
-	e.wantCalls(1)
+		// The upstream comes back on the same address: the retry runs once.
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			t.Skipf("cannot listen again on %s: %v", addr, err)
+		}
+		back := httptest.NewUnstartedServer(e.up.srv.Config.Handler)
+		back.Listener = ln
+		back.Start()
+		defer back.Close()
+		wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+		e.wantReplay(e.do(req{key: "k"}), mode, http.StatusCreated)
+		e.wantCalls(1)
+	})
 }
 
 func TestUpstreamTimeoutHoldsLock(t *testing.T) { forEachStore(t, testUpstreamTimeoutHoldsLock) }
 
 func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
-	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
-	entered, release := blockingUpstream(t, e)
-	wantProblem(t, e.do(req{key: "k"}), http.StatusGatewayTimeout, "upstream-timeout")
-	<-entered
-	release()
-	// Outcome unknown: the key stays locked until the lease ends.
-	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
-	e.wantCalls(1)
-	e.advance(10*time.Second + time.Millisecond)
-	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
-	e.wantCalls(2)
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
+		entered, release := blockingUpstream(t, e)
+		resp := e.do(req{key: "k"})
+		// Retry-After is what is left of the lease (10 s less the 200 ms wait).
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 9 {
+			t.Fatalf("Retry-After: got %q, want whole seconds in [1, 9]", resp.Header.Get("Retry-After"))
+		}
+		wantProblem(t, resp, http.StatusGatewayTimeout, "upstream-timeout")
+		<-entered
+		release()
+		// Outcome unknown: the key stays locked until the lease ends.
+		wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+		e.wantCalls(1)
+		e.advance(10*time.Second + time.Millisecond)
+		wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+		e.wantCalls(2)
+	})
 }
 
 func TestUpstreamResetHoldsLock(t *testing.T) { forEachStore(t, testUpstreamResetHoldsLock) }
 
 func testUpstreamResetHoldsLock(t *testing.T, st option) {
-	e := newEnv(t, st)
-	e.up.set(func(w http.ResponseWriter, r *http.Request) {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		conn.(*net.TCPConn).SetLinger(0)
-		conn.Close()
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		e := newEnv(t, st, withMode(mode))
+		e.up.set(func(w http.ResponseWriter, r *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.(*net.TCPConn).SetLinger(0)
+			conn.Close()
+		})
+		wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-no-response")
+		wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+		e.wantCalls(1)
 	})
-	wantProblem(t, e.do(req{key: "k"}), http.StatusBadGateway, "upstream-no-response")
-	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
-	e.wantCalls(1)
 }
 
 // failingStore wraps a store and fails chosen operations.
@@ -281,20 +302,22 @@ func (f *failingStore) Complete(ctx context.Context, c idemproxy.Completion) err
 func TestRecordWriteFailureKeepsLock(t *testing.T) { forEachStore(t, testRecordWriteFailureKeepsLock) }
 
 func testRecordWriteFailureKeepsLock(t *testing.T, st option) {
-	fs := &failingStore{complete: fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable)}
-	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
-		fs.Store = c.Store
-		c.Store = fs
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		fs := &failingStore{complete: fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable)}
+		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) {
+			fs.Store = c.Store
+			c.Store = fs
+		})
+		// The command happened: the client gets the upstream's answer.
+		resp := e.do(req{key: "k"})
+		wantStatus(t, resp, http.StatusCreated)
+		if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 1 {
+			t.Fatalf("record write failures: got %v, want 1", got)
+		}
+		// Never released: a retry is refused until the lease ends.
+		wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
+		e.wantCalls(1)
 	})
-	// The command happened: the client gets the upstream's answer.
-	resp := e.do(req{key: "k"})
-	wantStatus(t, resp, http.StatusCreated)
-	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 1 {
-		t.Fatalf("record write failures: got %v, want 1", got)
-	}
-	// Never released: a retry is refused until the lease ends.
-	wantProblem(t, e.do(req{key: "k"}), http.StatusConflict, "in-progress")
-	e.wantCalls(1)
 }
 
 func TestStoreUnavailableFailsClosed(t *testing.T) { forEachStore(t, testStoreUnavailableFailsClosed) }

@@ -165,7 +165,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamNoAnswer, "the upstream broke off without an answer; the request may have taken effect")
 	}
 	if cmd != nil && !notSent {
-		prob.RetryAfter = retryAfter(p.cfg.LockTimeout)
+		prob.RetryAfter = retryAfter(time.Until(cmd.leaseEnd))
 		prob.Extensions = map[string]any{"command_id": cmd.info.commandID}
 	}
 	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.id, "error", err, "sent", !notSent)

@@ -239,6 +239,8 @@ func (m *Memory) Complete(_ context.Context, c idemproxy.Completion) error {
 	e.created = now
 	e.expires = now + int64(c.TTL)
 	sh.m[k] = e
+	// A record may end before the lease it replaces would have.
+	sh.earliest = min(sh.earliest, e.expires)
 	return nil
 }
 

@@ -150,3 +150,28 @@ func TestMemoryRace(t *testing.T) {
 		}
 	}
 }
+
+// A full store finds room once records end, even when they end before the
+// leases they replaced would have (KEY_TTL shorter than LOCK_TIMEOUT).
+func TestMemoryFullStoreReclaimsShortRecords(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	m := store.NewMemory(store.MemoryOptions{MaxEntries: 1, Now: clock.Now, SweepInterval: -1})
+	defer m.Close()
+	ctx := context.Background()
+	tenant := uuid.New()
+	c := claimOf(tenant, "a", time.Minute)
+	if _, err := m.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// A refused claim while full makes the shard remember the lease's end.
+	if _, err := m.Claim(ctx, claimOf(tenant, "b", time.Minute)); !errors.Is(err, idemproxy.ErrFull) {
+		t.Fatalf("claim in a full store: %v, want ErrFull", err)
+	}
+	if err := m.Complete(ctx, idemproxy.Completion{Tenant: tenant, Key: "a", Owner: c.Owner, Status: 200, TTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	if res, err := m.Claim(ctx, claimOf(tenant, "b", time.Minute)); err != nil || !res.Claimed {
+		t.Fatalf("claim after the record ended: %v %v", res, err)
+	}
+}

@@ -145,6 +145,11 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 			Client:            client,
 			RefreshInterval:   refresh,
 			RefreshUnknownKID: rate.NewLimiter(rate.Every(10*time.Second), 1),
+			// A token naming an unknown kid never waits for the refresh
+			// limiter (its default wait is a minute): anyone can send
+			// such tokens, so waiting would let them hold requests.
+			RateLimitWaitMax: time.Millisecond,
+
 			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
 				return func(ctx context.Context, err error) {
 					log.ErrorContext(ctx, "jwks refresh failed", "url", u, "error", err)

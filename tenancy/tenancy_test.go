@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -371,4 +372,37 @@ func FuzzParseTenant(f *testing.F) {
 			t.Fatalf("ParseTenant(%q) = %s: not its canonical form", s, u)
 		}
 	})
+}
+
+// Tokens naming unknown kids are refused at once: they must not queue on
+// the JWKS refresh limiter (anyone can mint them).
+func TestUnknownKIDFloodDoesNotWait(t *testing.T) {
+	rk := rsaKey(t)
+	ek, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srv, fetches := jwksServer(t, &rk.PublicKey, &ek.PublicKey)
+	r := newResolver(t, tenancy.Config{Sources: []tenancy.Source{tenancy.SourceJWT}, JWKSURL: srv.URL})
+	const n = 8
+	done := make(chan *idemproxy.Problem, n)
+	for i := range n {
+		tok := sign(t, jwt.SigningMethodRS256, rk, claims(uuid.NewString()), fmt.Sprint("unknown-", i))
+		go func() {
+			_, _, p := r.Resolve(request(tok, ""))
+			done <- p
+		}()
+	}
+	// Waiting on the limiter would take 10 s per token; refusal is at once.
+	deadline := time.After(5 * time.Second)
+	for range n {
+		select {
+		case p := <-done:
+			if p == nil || p.Type != idemproxy.ProblemUnauthorized {
+				t.Fatalf("unknown kid: got %v, want 401", p)
+			}
+		case <-deadline:
+			t.Fatal("tokens with unknown kids were held waiting for a JWKS refresh")
+		}
+	}
+	if got := fetches.Load(); got > 2 {
+		t.Fatalf("%d JWKS fetches for %d unknown kids: the refresh is not rate limited", got, n)
+	}
 }

@@ -59,6 +59,7 @@ type Config struct {
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
+	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
 	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
@@ -222,6 +223,9 @@ func (c Config) validate() error {
 	if c.RecordCacheTTL <= 0 {
 		bad("IDEMPROXY_RECORD_CACHE_TTL", "must be a positive duration, got %s", c.RecordCacheTTL)
 	}
+	if c.ShutdownDelay < 0 {
+		bad("IDEMPROXY_SHUTDOWN_DELAY", "must not be negative, got %s", c.ShutdownDelay)
+	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)
 	}
@@ -229,6 +233,15 @@ func (c Config) validate() error {
 		bad("IDEMPROXY_LOG_LEVEL", "%v", err)
 	}
 	return errors.Join(errs...)
+}
+
+// drainBudget is the longest a graceful shutdown takes: the delay, then a
+// command that just started may take the whole upstream timeout, its claim
+// and up to four record-write attempts (each bounded by the store
+// timeout), and the backoff between them. An orchestrator's grace period
+// (terminationGracePeriodSeconds) must cover it.
+func (c Config) drainBudget() time.Duration {
+	return c.ShutdownDelay + c.UpstreamTimeout + 5*c.StoreTimeout + 5*time.Second
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -395,7 +395,8 @@ type deploymentSpec struct {
 			Labels map[string]string `yaml:"labels"`
 		} `yaml:"metadata"`
 		Spec struct {
-			Containers []k8sContainer `yaml:"containers"`
+			TerminationGracePeriodSeconds *int           `yaml:"terminationGracePeriodSeconds"`
+			Containers                    []k8sContainer `yaml:"containers"`
 		} `yaml:"spec"`
 	} `yaml:"template"`
 }
@@ -595,6 +596,21 @@ func TestKubernetesSidecar(t *testing.T) {
 	for _, e := range sidecar.Env {
 		settings[e.Name] = e.Value
 	}
+	t.Run("grace period covers the drain", func(t *testing.T) {
+		env := map[string]string{}
+		for k, v := range settings {
+			env[k] = v
+		}
+		env["IDEMPROXY_DATABASE_URL"] = "postgres://placeholder/db" // from the Secret
+		cfg, err := loadConfig(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatalf("the ConfigMap's settings are rejected: %v", err)
+		}
+		grace := dep.Template.Spec.TerminationGracePeriodSeconds
+		if grace == nil || time.Duration(*grace)*time.Second < cfg.drainBudget() {
+			t.Fatalf("terminationGracePeriodSeconds %v is shorter than the drain budget %s", grace, cfg.drainBudget())
+		}
+	})
 	proxyPort := portOf(t, "IDEMPROXY_LISTEN_ADDR", settings["IDEMPROXY_LISTEN_ADDR"])
 	adminPort := portOf(t, "IDEMPROXY_ADMIN_ADDR", settings["IDEMPROXY_ADMIN_ADDR"])
 

@@ -222,12 +222,13 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return fmt.Errorf("listener: %w", err)
 	}
 
-	// Drain: a command in flight may take the whole upstream timeout plus
-	// its record write; give it that, then stop.
+	// Drain: readiness turns false first, so load balancers stop sending
+	// new requests; then the listener closes and every command in flight
+	// finishes and writes its record.
 	draining.Store(true)
-	log.Info("shutting down: draining in-flight requests")
-	grace := cfg.UpstreamTimeout + 5*cfg.StoreTimeout + 5*time.Second
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	log.Info("shutting down: draining in-flight requests", "delay", cfg.ShutdownDelay.String())
+	time.Sleep(cfg.ShutdownDelay)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.drainBudget()-cfg.ShutdownDelay)
 	defer cancel()
 	err = proxySrv.Shutdown(sctx)
 	if aerr := adminSrv.Shutdown(sctx); err == nil {
