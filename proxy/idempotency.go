@@ -42,20 +42,15 @@ func commandFrom(ctx context.Context) *command {
 func (p *Proxy) idempotency(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ri := infoFrom(r.Context())
-		if safeMethods[r.Method] {
+		if !p.checked(r) {
 			ri.outcome = OutcomePassthrough
 			next.ServeHTTP(w, r)
 			return
 		}
 		values, keyed := r.Header["Idempotency-Key"]
-		if !keyed {
-			if p.require[r.Method] {
-				p.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
-					fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
-				return
-			}
-			ri.outcome = OutcomePassthrough
-			next.ServeHTTP(w, r)
+		if !keyed { // checked without a key: its method must carry one
+			p.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
+				fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
 			return
 		}
 		key, err := ParseKey(values)

@@ -34,9 +34,6 @@ func infoFrom(ctx context.Context) *reqInfo {
 	return &reqInfo{}
 }
 
-// RequestIDFromContext returns the request id given to a request.
-func RequestIDFromContext(ctx context.Context) string { return infoFrom(ctx).id }
-
 var (
 	reqPrefix  = fmt.Sprintf("%s-%d-", hostname(), os.Getpid())
 	reqCounter atomic.Uint64

@@ -156,7 +156,7 @@ func New(cfg Config) (*Proxy, error) {
 		if m == "" {
 			continue
 		}
-		if safeMethods[m] || !isToken(m) {
+		if safeMethods[m] || !isMethodName(m) {
 			return nil, fmt.Errorf("proxy: require-key method %q is not a non-safe method", m)
 		}
 		p.require[m] = true
@@ -179,7 +179,8 @@ func defaultDuration(d *time.Duration, def time.Duration) {
 	}
 }
 
-func isToken(s string) bool {
+// isMethodName reports whether s looks like an (upper-cased) HTTP method.
+func isMethodName(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c < 'A' || c > 'Z' {

@@ -214,7 +214,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"upstream", redactURL(upstream), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
+		"upstream", upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
 
 	select {
 	case <-ctx.Done():
@@ -275,12 +275,4 @@ func newTracerProvider(ctx context.Context, cfg Config) (trace.TracerProvider, f
 		defer cancel()
 		_ = tp.Shutdown(ctx)
 	}, nil
-}
-
-// redactURL hides any password in a URL before it is logged.
-func redactURL(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	return u.Redacted()
 }
