@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -1023,6 +1024,51 @@ func TestConnectionListedHeadersReachUpstream(t *testing.T) {
 			got := e.up.lastRequest().Header
 			if got.Get("Idempotency-Key") != "hop" || got.Get(header) != e.tenant.String() {
 				t.Fatalf("upstream headers: Idempotency-Key %q, %s %q; want both as sent", got.Get("Idempotency-Key"), header, got.Get(header))
+			}
+		})
+	}
+}
+
+// TestStoreFullNamesTheBound: each bound of the memory store is answered
+// 503 store-full naming its variable; the tenant bound leaves other
+// tenants alone.
+func TestStoreFullNamesTheBound(t *testing.T) {
+	withStore := func(opts store.MemoryOptions) option {
+		return func(e *env, c *proxy.Config, _ *tenancy.Config) {
+			opts.Now, opts.SweepInterval = e.clock.Now, -1
+			m := store.NewMemory(opts)
+			e.t.Cleanup(func() { m.Close() })
+			c.Store, e.mem = m, m
+		}
+	}
+	perEntry := int64(store.EntryOverhead + len("k0") + len("POST /orders"))
+	for _, c := range []struct {
+		name     string
+		opts     store.MemoryOptions
+		variable string
+	}{
+		{"entries", store.MemoryOptions{MaxEntries: 2}, "IDEMPROXY_MEMORY_MAX_ENTRIES"},
+		{"bytes", store.MemoryOptions{MaxBytes: 2 * perEntry}, "IDEMPROXY_MEMORY_MAX_BYTES"},
+		{"tenant", store.MemoryOptions{TenantMaxEntries: 2}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, withStore(c.opts))
+			for i := range 2 {
+				wantStatus(t, e.do(req{key: fmt.Sprint("k", i)}), http.StatusCreated)
+			}
+			resp := e.do(req{key: "k2"})
+			p := wantProblem(t, resp, http.StatusServiceUnavailable, "store-full")
+			if !strings.Contains(fmt.Sprint(p["detail"]), c.variable) || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("detail %q does not name %s, or no Retry-After", p["detail"], c.variable)
+			}
+			e.wantCalls(2)
+			other := uuid.NewString()
+			got := e.do(req{key: "k2", tenant: other})
+			if c.name == "tenant" {
+				wantStatus(t, got, http.StatusCreated)
+				e.wantCalls(3)
+			} else {
+				wantProblem(t, got, http.StatusServiceUnavailable, "store-full")
 			}
 		})
 	}
