@@ -77,37 +77,44 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyR
 
 // fillBody reads the body into a buffer whose growth it reserves,
 // returning the buffer and the bytes reserved for it.
-func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) (buf []byte, reserved int64, prob *idemproxy.Problem) {
-	// The deadline holds for the whole body, not for each read: a body
-	// sent a byte at a time is cut off like one that stalls. On an HTTP/1
-	// connection it is the connection's read deadline, cleared once the
-	// body is in (the server sets its own for the next request); where
-	// that is not supported the body is closed when the time is up.
+//
+// The deadline holds for the whole body, not for each read: a body sent a
+// byte at a time is cut off like one that stalls. On an HTTP/1 connection
+// it is the connection's read deadline, cleared once the body is in (the
+// server sets its own for the next request) and left in place after a
+// problem, so that the server's own draining of the unread rest stays
+// bounded too. Where a read deadline is not supported the body is closed
+// when the time is up.
+func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64, *idemproxy.Problem) {
 	rc := http.NewResponseController(w)
-	var timedOut atomic.Bool
 	if err := rc.SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout)); err != nil {
+		timedOut := new(atomic.Bool)
 		t := time.AfterFunc(p.cfg.BodyTimeout, func() {
 			timedOut.Store(true)
 			r.Body.Close()
 		})
 		defer t.Stop()
-	} else {
-		defer func() {
-			if prob == nil {
-				_ = rc.SetReadDeadline(time.Time{})
-			}
-		}()
+		return p.readAll(r, timedOut)
 	}
+	buf, reserved, prob := p.readAll(r, nil)
+	if prob == nil {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return buf, reserved, prob
+}
 
+// readAll is fillBody's loop. timedOut, when not nil, is set once the
+// body was closed for taking too long.
+func (p *Proxy) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, reserved int64, prob *idemproxy.Problem) {
 	limit := p.cfg.MaxBodyBytes
-	tooLarge := idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
-		fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", limit))
 	if r.ContentLength > limit {
-		return nil, 0, tooLarge
+		return nil, 0, p.tooLarge()
 	}
+	// A declared length caps the buffer, with a byte to spare for the
+	// read that meets the end of the body.
 	ceiling := limit
 	if r.ContentLength >= 0 {
-		ceiling = r.ContentLength
+		ceiling = min(r.ContentLength+1, limit)
 	}
 	for {
 		if len(buf) == cap(buf) && int64(len(buf)) >= ceiling {
@@ -118,11 +125,11 @@ func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) (buf []byte, re
 			case n > 0 && r.ContentLength >= 0:
 				return buf, reserved, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body is longer than its Content-Length")
 			case n > 0:
-				return buf, reserved, tooLarge
+				return buf, reserved, p.tooLarge()
 			case err == io.EOF:
 				return buf, reserved, nil
 			case err != nil:
-				return buf, reserved, p.bodyError(err, timedOut.Load())
+				return buf, reserved, p.bodyError(err, timedOut)
 			}
 			continue
 		}
@@ -145,14 +152,19 @@ func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) (buf []byte, re
 			return buf, reserved, nil
 		}
 		if err != nil {
-			return buf, reserved, p.bodyError(err, timedOut.Load())
+			return buf, reserved, p.bodyError(err, timedOut)
 		}
 	}
 }
 
+func (p *Proxy) tooLarge() *idemproxy.Problem {
+	return idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
+		fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", p.cfg.MaxBodyBytes))
+}
+
 // bodyError is the problem for a keyed body that could not be read.
-func (p *Proxy) bodyError(err error, timedOut bool) *idemproxy.Problem {
-	if timedOut || errors.Is(err, os.ErrDeadlineExceeded) {
+func (p *Proxy) bodyError(err error, timedOut *atomic.Bool) *idemproxy.Problem {
+	if (timedOut != nil && timedOut.Load()) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return idemproxy.NewProblem(idemproxy.ProblemBodyTimeout, fmt.Sprintf(
 			"a request with an Idempotency-Key must send its whole body within %s (IDEMPROXY_BODY_TIMEOUT)", p.cfg.BodyTimeout))
 	}

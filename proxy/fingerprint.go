@@ -37,16 +37,23 @@ func Fingerprint(method, path, rawQuery string, body []byte) idemproxy.Fingerpri
 		b = append(b, body...)
 		fp = sha256.Sum256(b)
 	} else {
-		h := digests.Get().(hash.Hash)
-		h.Reset()
-		h.Write(b)
-		h.Write(body)
-		h.Sum(fp[:0])
-		digests.Put(h)
+		fp = hashInPlace(b, body)
 	}
 	if cap(b) <= scratchMax {
 		*bp = b
 		scratch.Put(bp)
 	}
 	return fp
+}
+
+// hashInPlace hashes prefix then body without copying body.
+func hashInPlace(prefix, body []byte) idemproxy.Fingerprint {
+	h := digests.Get().(hash.Hash)
+	h.Reset()
+	h.Write(prefix)
+	h.Write(body)
+	var sum idemproxy.Fingerprint
+	h.Sum(sum[:0])
+	digests.Put(h)
+	return sum
 }
