@@ -7,25 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/idemproxy/idemproxy/internal/memstat"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
-
-// heapAfterGC is the live heap once garbage is collected.
-func heapAfterGC() int64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
 
 // rawConn opens a TCP connection to the env's proxy and sends a keyed POST
 // head announcing contentLength bytes of body.
@@ -53,7 +44,7 @@ func (e *env) rawConn(key string, contentLength int, extra string) (net.Conn, *b
 func TestSlowBodiesDoNotPinMemory(t *testing.T) {
 	e := newEnv(t)
 	const conns, announced = 20, 10 << 20
-	base := heapAfterGC()
+	base := memstat.LiveHeap()
 	for i := range conns {
 		_, br := e.rawConn(fmt.Sprint("slow-", i), announced, "Expect: 100-continue\r\n")
 		// The server asks for the body when the handler first reads it,
@@ -63,7 +54,7 @@ func TestSlowBodiesDoNotPinMemory(t *testing.T) {
 			t.Fatalf("connection %d: got %q, %v; want 100 Continue", i, line, err)
 		}
 	}
-	grown := heapAfterGC() - base
+	grown := memstat.LiveHeap() - base
 	t.Logf("%d connections announcing %d bytes each and sending none: live heap grew by %d bytes", conns, announced, grown)
 	if grown > 8<<20 {
 		t.Fatalf("live heap grew by %d bytes for %d connections that sent no body, want at most 8 MiB", grown, conns)

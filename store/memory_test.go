@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/memstat"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -179,15 +180,6 @@ func TestMemoryFullStoreReclaimsShortRecords(t *testing.T) {
 	}
 }
 
-// heapAfterGC is the live heap once garbage is collected.
-func heapAfterGC() int64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
-}
-
 // record claims and completes (tenant, key) with resp.
 func record(t *testing.T, m *store.Memory, tenant uuid.UUID, key, commandType string, resp *idemproxy.Response) {
 	t.Helper()
@@ -213,13 +205,13 @@ func TestMemoryMaxBytesKeepsResponsesBounded(t *testing.T) {
 	m := store.NewMemory(store.MemoryOptions{MaxBytes: bound, SweepInterval: -1})
 	defer m.Close()
 	tenant := uuid.New()
-	base := heapAfterGC()
+	base := memstat.LiveHeap()
 	for i := range records {
 		record(t, m, tenant, fmt.Sprint("big-", i), "POST /orders", &idemproxy.Response{
 			Header: http.Header{"Content-Type": {"application/json"}}, Body: make([]byte, size),
 		})
 	}
-	grown := heapAfterGC() - base
+	grown := memstat.LiveHeap() - base
 	t.Logf("%d records with %d-byte responses, MaxBytes %d: live heap grew by %d bytes, %d counted", records, size, bound, grown, m.Bytes())
 	if m.Bytes() > bound {
 		t.Fatalf("store counts %d bytes, bound %d", m.Bytes(), bound)
@@ -286,11 +278,11 @@ func TestMemoryReleasesCommandTypes(t *testing.T) {
 	defer m.Close()
 	const records, pathLen = 2000, 60000
 	tenant := uuid.New()
-	base := heapAfterGC()
+	base := memstat.LiveHeap()
 	for i := range records {
 		record(t, m, tenant, fmt.Sprint(i), fmt.Sprintf("POST /%d/%s", i, strings.Repeat("p", pathLen)), nil)
 	}
-	held := heapAfterGC() - base
+	held := memstat.LiveHeap() - base
 	for i := 0; i < records; i += 2 {
 		if err := m.Delete(context.Background(), tenant, fmt.Sprint(i)); err != nil {
 			t.Fatal(err)
@@ -304,7 +296,7 @@ func TestMemoryReleasesCommandTypes(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	left := heapAfterGC() - base
+	left := memstat.LiveHeap() - base
 	t.Logf("%d records with %d-byte command types: live heap +%d bytes while held, +%d after all were deleted or expired", records, pathLen, held, left)
 	if left > 8<<20 {
 		t.Fatalf("live heap still %d bytes above the empty store after every entry left", left)

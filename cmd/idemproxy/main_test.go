@@ -132,6 +132,10 @@ func waitReady(t *testing.T, admin string) {
 	}
 }
 
+// noRedirects is http.DefaultClient that does not follow redirects: the
+// tests look at what the proxy answered.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 func post(t *testing.T, url, key, tenant, body string) *http.Response {
 	t.Helper()
 	r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
@@ -141,7 +145,7 @@ func post(t *testing.T, url, key, tenant, body string) *http.Response {
 	if tenant != "" {
 		r.Header.Set("X-Tenant-ID", tenant)
 	}
-	resp, err := http.DefaultClient.Do(r)
+	resp, err := noRedirects.Do(r)
 	if err != nil {
 		t.Fatalf("POST %s: %v", url, err)
 	}
@@ -641,18 +645,9 @@ func TestBoundsFromTheEnvironment(t *testing.T) {
 		})
 		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_SUCCESS_STATUS": "2xx,303"})
 		tenant := uuid.NewString()
-		noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		for range 3 {
-			r, _ := http.NewRequest(http.MethodPost, s.proxy+"/orders", strings.NewReader("x"))
-			r.Header.Set("Idempotency-Key", "prg")
-			r.Header.Set("X-Tenant-ID", tenant)
-			resp, err := noRedirect.Do(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusSeeOther {
-				t.Fatalf("got %d, want 303", resp.StatusCode)
+			if got := post(t, s.proxy+"/orders", "prg", tenant, "x").StatusCode; got != http.StatusSeeOther {
+				t.Fatalf("got %d, want 303", got)
 			}
 		}
 		if calls.Load() != 1 {
