@@ -28,6 +28,7 @@ var (
 	ProblemInvalidTenant     = ProblemType{"invalid-tenant", "Invalid tenant", http.StatusBadRequest}
 	ProblemTenantConflict    = ProblemType{"tenant-conflict", "Tenant header conflicts with token", http.StatusBadRequest}
 	ProblemInvalidBody       = ProblemType{"invalid-body", "Request body could not be read", http.StatusBadRequest}
+	ProblemInvalidParameter  = ProblemType{"invalid-parameter", "Invalid query parameter", http.StatusBadRequest}
 	ProblemUnauthorized      = ProblemType{"unauthorized", "Invalid or missing bearer token", http.StatusUnauthorized}
 	ProblemNotFound          = ProblemType{"not-found", "Not found", http.StatusNotFound}
 	ProblemInProgress        = ProblemType{"in-progress", "Request in progress", http.StatusConflict}

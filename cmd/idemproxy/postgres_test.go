@@ -79,7 +79,7 @@ func envOf(vars map[string]string) func(string) string {
 
 func TestPostgresConfig(t *testing.T) {
 	base := map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
-	cfg, err := loadConfig(envOf(base))
+	cfg, err := loadConfig(mapEnv(base))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestPostgresConfig(t *testing.T) {
 		for k, v := range base {
 			env[k] = v
 		}
-		_, err := loadConfig(envOf(env))
+		_, err := loadConfig(mapEnv(env))
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: got %v, want an error naming the variable", name, value, err)
 		}
@@ -125,11 +125,12 @@ func TestRunMigrate(t *testing.T) {
 	for _, step := range []struct{ cmd, want string }{
 		{"status", "pending"},
 		{"up", "up 00001_idempotency_keys.sql"},
-		{"up", "no migrations to apply"},
+		{"up", "no migrations to apply; at version 2"},
 		{"status", "applied"},
+		{"down", "down 00002_idempotency_keys_tenant_created.sql"},
 		{"down", "down 00001_idempotency_keys.sql"},
 		{"status", "pending"},
-		{"up", "up 00001_idempotency_keys.sql"},
+		{"up", "up 00002_idempotency_keys_tenant_created.sql"},
 	} {
 		var out bytes.Buffer
 		if err := runMigrate(t.Context(), []string{step.cmd}, env, &out); err != nil {
