@@ -225,9 +225,13 @@ func (c *Cursor) Precedes(createdAt time.Time, key string) bool {
 	return key < c.Key
 }
 
+// cursorVersion is the first byte of an encoded cursor.
+const cursorVersion = 1
+
 // String encodes c as an opaque, URL-safe token; ParseCursor reverses it.
 func (c *Cursor) String() string {
-	b := binary.BigEndian.AppendUint64(nil, uint64(c.CreatedAt.UnixNano()))
+	b := []byte{cursorVersion}
+	b = binary.BigEndian.AppendUint64(b, uint64(c.CreatedAt.UnixNano()))
 	b = append(b, c.Key...)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
@@ -235,14 +239,21 @@ func (c *Cursor) String() string {
 // ErrInvalidCursor means a cursor token was not made by Cursor.String.
 var ErrInvalidCursor = errors.New("idempotency: invalid cursor")
 
-// ParseCursor decodes a token made by Cursor.String.
+// ParseCursor decodes a token made by Cursor.String from a valid key (1 to
+// 255 printable ASCII bytes); anything else is ErrInvalidCursor.
 func ParseCursor(s string) (*Cursor, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil || len(b) < 9 || len(b) > 8+255 {
+	if err != nil || len(b) < 10 || len(b) > 9+255 || b[0] != cursorVersion {
 		return nil, ErrInvalidCursor
 	}
+	key := b[9:]
+	for _, c := range key {
+		if c < 0x20 || c > 0x7e {
+			return nil, ErrInvalidCursor
+		}
+	}
 	return &Cursor{
-		CreatedAt: time.Unix(0, int64(binary.BigEndian.Uint64(b[:8]))),
-		Key:       string(b[8:]),
+		CreatedAt: time.Unix(0, int64(binary.BigEndian.Uint64(b[1:9]))),
+		Key:       string(key),
 	}, nil
 }

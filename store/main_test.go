@@ -93,6 +93,21 @@ func queryInt(t testing.TB, dbURL, sql string, args ...any) int64 {
 	return n
 }
 
+// queryText runs a query returning one string on a connection of its own.
+func queryText(t testing.TB, dbURL, sql string, args ...any) string {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	var s string
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&s); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return s
+}
+
 // ageRow makes (tenant, key) look old: a lock's lease ended a second ago,
 // a record expired a second ago. With purgeable, a lock is also past its
 // grace, so Purge deletes either.
