@@ -465,11 +465,15 @@ effect upstream at most once per (tenant, key).
 Usage:
   idemproxy                    run the proxy (configured by the environment)
   idemproxy demo               run the proxy in front of a bundled demo "orders" service
+                               (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
   idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
   idemproxy migrate up|down|status
-                               apply, roll back or show the Postgres migrations
-  idemproxy keys get|delete -tenant T -key K
-                               look up or delete a key through the admin API
+                               apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
+  idemproxy keys get|delete -tenant T -key K [-admin ADDR]
+                               look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
+  idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
+                               list a tenant's live keys, newest first (keys -h for more)
+  idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
   idemproxy version            print the version
   idemproxy --help             this text
 

@@ -168,8 +168,13 @@ func (m migrationLog) Write(p []byte) (int, error) {
 // exactly one of up (apply all pending), down (roll back the latest) or
 // status. It reads IDEMPROXY_DATABASE_URL.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + store.VersionTable + ")"
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
 	if len(args) != 1 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
-		return errors.New("usage: idemproxy migrate up|down|status")
+		return errors.New(usage)
 	}
 	dbURL := getenv("IDEMPROXY_DATABASE_URL")
 	if dbURL == "" {
