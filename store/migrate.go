@@ -79,13 +79,12 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	if err != nil {
 		return failure("migrate", err)
 	}
-	if err := adoptLegacyVersion(ctx, db, out); err != nil {
-		return migrateFailure("migrate: recognising an earlier install", err)
-	}
-
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if err := adoptLegacyVersion(ctx, db, locker, out); err != nil {
+		return migrateFailure("migrate: recognising an earlier install", err)
 	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(VersionTable),
@@ -168,20 +167,29 @@ func migrateFailure(what string, err error) error {
 // migration 00001 as applied, and idempotency_keys has every column the
 // store uses, all in the schema goose uses (current_schema()). A
 // goose_db_version of the host application's is thus left alone; neither
-// is ever changed. It runs in one transaction under a transaction-level
-// advisory lock, which holds through a transaction-mode pooler.
-func adoptLegacyVersion(ctx context.Context, db *sql.DB, out io.Writer) error {
-	tx, err := db.BeginTx(ctx, nil)
+// is ever changed. It holds the migrations' lock, taken as goose takes it
+// (polling, with no transaction open while it waits: a transaction waiting
+// for the lock would deadlock with a CREATE INDEX CONCURRENTLY run under
+// it), and decides and writes in one transaction.
+func adoptLegacyVersion(ctx context.Context, db *sql.DB, locker lock.SessionLocker, out io.Writer) (err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := locker.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := locker.SessionUnlock(context.WithoutCancel(ctx), conn); err == nil {
+			err = uerr
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '5min'`); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLockID); err != nil {
-		return err
-	}
 	var own, legacy, table bool
 	err = tx.QueryRowContext(ctx, `SELECT
 		to_regclass(quote_ident(current_schema()) || '.' || $1) IS NOT NULL,
