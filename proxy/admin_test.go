@@ -25,7 +25,14 @@ import (
 func adminDo(t *testing.T, h http.Handler, method, tenant, key, token string) *httptest.ResponseRecorder {
 	t.Helper()
 	q := url.Values{"tenant": {tenant}, "key": {key}}
-	r := httptest.NewRequest(method, "/v1/keys?"+q.Encode(), nil)
+	return adminRequest(t, h, method, "/v1/keys?"+q.Encode(), token)
+}
+
+// adminRequest sends method path to the admin handler, with the token
+// unless it is empty.
+func adminRequest(t *testing.T, h http.Handler, method, path, token string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, path, nil)
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -97,16 +104,9 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 	}
 }
 
-// adminGet GETs path on the admin handler with the token.
 func adminGet(t *testing.T, h http.Handler, path, token string) *httptest.ResponseRecorder {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodGet, path, nil)
-	if token != "" {
-		r.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, r)
-	return rec
+	return adminRequest(t, h, http.MethodGet, path, token)
 }
 
 func TestAdminListKeys(t *testing.T) { forEachStore(t, testAdminListKeys) }

@@ -74,7 +74,7 @@ func TestPostgresPermissionDenied(t *testing.T) {
 		execSQL(t, dbURL, "DROP OWNED BY "+role)
 		execSQL(t, dbURL, "DROP ROLE "+role)
 	})
-	schema := queryText(t, dbURL, "SELECT current_schema()")
+	schema := queryValue[string](t, dbURL, "SELECT current_schema()")
 	execSQL(t, dbURL, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
 	execSQL(t, dbURL, "GRANT SELECT ON idempotency_keys TO "+role)
 

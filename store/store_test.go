@@ -598,7 +598,8 @@ func TestMemoryContract(t *testing.T) {
 	testStore(t, func(t *testing.T) harness {
 		m := NewMemory(MemoryOptions{SweepInterval: -1})
 		t.Cleanup(func() { m.Close() })
-		return harness{store: m, expire: func(t *testing.T, tenant uuid.UUID, key string) {
+		// edit changes the entry of (tenant, key) in place.
+		edit := func(t *testing.T, tenant uuid.UUID, key string, f func(*memEntry)) {
 			t.Helper()
 			k := memKey{tenant, key}
 			sh := m.shard(tenant, key)
@@ -606,23 +607,18 @@ func TestMemoryContract(t *testing.T) {
 			defer sh.mu.Unlock()
 			e, ok := sh.m[k]
 			if !ok {
-				t.Fatalf("expire: no entry for (%s, %q)", tenant, key)
+				t.Fatalf("no entry for (%s, %q)", tenant, key)
 			}
-			e.expires = m.now().Add(-time.Second).UnixNano()
+			f(&e)
 			sh.m[k] = e
 			sh.earliest = min(sh.earliest, e.expires)
+		}
+		return harness{store: m, expire: func(t *testing.T, tenant uuid.UUID, key string) {
+			t.Helper()
+			edit(t, tenant, key, func(e *memEntry) { e.expires = m.now().Add(-time.Second).UnixNano() })
 		}, setCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
 			t.Helper()
-			k := memKey{tenant, key}
-			sh := m.shard(tenant, key)
-			sh.mu.Lock()
-			defer sh.mu.Unlock()
-			e, ok := sh.m[k]
-			if !ok {
-				t.Fatalf("setCreated: no entry for (%s, %q)", tenant, key)
-			}
-			e.created = at.UnixNano()
-			sh.m[k] = e
+			edit(t, tenant, key, func(e *memEntry) { e.created = at.UnixNano() })
 		}}
 	})
 }

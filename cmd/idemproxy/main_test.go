@@ -267,17 +267,8 @@ func TestDemo(t *testing.T) {
 			t.Fatalf("POST /orders: got %d", resp.StatusCode)
 		}
 	}
-	resp, err := http.Get(s.proxy + "/stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var stats map[string]int
-	if err := json.NewDecoder(resp.Body).Decode(&stats); err != nil {
-		t.Fatal(err)
-	}
-	if stats["orders_created"] != 1 {
-		t.Fatalf("demo orders created: got %d, want 1", stats["orders_created"])
+	if got := demoStats(t, s.proxy); got != 1 {
+		t.Fatalf("demo orders created: got %d, want 1", got)
 	}
 }
 

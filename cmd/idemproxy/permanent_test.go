@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,25 @@ func waitReadyz(t *testing.T, admin, want string) int {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// wantFailsClosed asserts that a keyed request is answered 503 without
+// reaching the upstream, and that the log names cause with the claim's
+// failure.
+func wantFailsClosed(t *testing.T, s *started, calls *atomic.Int64, cause string) {
+	t.Helper()
+	if resp := post(t, s.proxy+"/orders", "k", uuid.NewString(), "x"); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("keyed request: got %d, want 503", resp.StatusCode)
+	}
+	if calls.Load() != 0 {
+		t.Errorf("upstream calls: %d, want 0", calls.Load())
+	}
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		if strings.Contains(line, `"msg":"store claim failed"`) && strings.Contains(line, cause) {
+			return
+		}
+	}
+	t.Errorf("no log line of the claim's failure names %q:\n%s", cause, s.logs)
 }
 
 // TestPermanentDatabaseErrorsExit: with migrations on, a database that
@@ -112,15 +132,7 @@ func TestPermanentDatabaseErrorAtRunTime(t *testing.T) {
 	if code := waitReadyz(t, s.admin, "not ready: database does not exist"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answered %d, want 503", code)
 	}
-	if resp := post(t, s.proxy+"/orders", "k", uuid.NewString(), "x"); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("keyed request: got %d, want 503", resp.StatusCode)
-	}
-	if calls.Load() != 0 {
-		t.Errorf("upstream calls: %d, want 0", calls.Load())
-	}
-	if !strings.Contains(s.logs.String(), "database does not exist") {
-		t.Errorf("the logs do not name the cause:\n%s", s.logs)
-	}
+	wantFailsClosed(t, s, calls, "database does not exist")
 }
 
 // TestReadyzSchemaMissing: with migrations off and no schema, idemproxy is
@@ -136,15 +148,7 @@ func TestReadyzSchemaMissing(t *testing.T) {
 	if code, status := readyz(t, s.admin); code != http.StatusServiceUnavailable || status != "not ready: schema missing" {
 		t.Errorf("/readyz without the schema: %d %q, want 503 \"not ready: schema missing\"", code, status)
 	}
-	if resp := post(t, s.proxy+"/orders", "k", uuid.NewString(), "x"); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("keyed request: got %d, want 503", resp.StatusCode)
-	}
-	if calls.Load() != 0 {
-		t.Errorf("upstream calls: %d, want 0", calls.Load())
-	}
-	if !strings.Contains(s.logs.String(), "schema missing") {
-		t.Errorf("the logs do not name the cause:\n%s", s.logs)
-	}
+	wantFailsClosed(t, s, calls, "schema missing")
 
 	// Once the migrations are applied (here by "idemproxy migrate up"),
 	// it becomes ready by itself.
@@ -168,13 +172,5 @@ func TestReadyzAfterTableDropped(t *testing.T) {
 	if code := waitReadyz(t, s.admin, "not ready: schema missing"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answered %d, want 503", code)
 	}
-	if resp := post(t, s.proxy+"/orders", "k", uuid.NewString(), "x"); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("keyed request: got %d, want 503", resp.StatusCode)
-	}
-	if calls.Load() != 0 {
-		t.Errorf("upstream calls: %d, want 0", calls.Load())
-	}
-	if !strings.Contains(s.logs.String(), `store claim failed","request_id"`) || !strings.Contains(s.logs.String(), "schema missing") {
-		t.Errorf("the claim's failure and its cause are not in the logs:\n%s", s.logs)
-	}
+	wantFailsClosed(t, s, calls, "schema missing")
 }
