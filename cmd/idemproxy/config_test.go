@@ -142,3 +142,29 @@ func TestConfigNoWarningForUsedVariables(t *testing.T) {
 		t.Errorf("warnings for variables in use:\n%s", s.logs)
 	}
 }
+
+// TestConfigTags: every only tag names a variable of Config and one of
+// the values its enum tag allows, and every enum tag lists distinct
+// values.
+func TestConfigTags(t *testing.T) {
+	enums := map[string][]string{}
+	for _, f := range configVars() {
+		if enum := f.Tag.Get("enum"); enum != "" {
+			values := strings.Split(enum, ",")
+			if len(slices.Compact(slices.Sorted(slices.Values(values)))) != len(values) {
+				t.Errorf("%s: enum %q repeats a value", f.Tag.Get("env"), enum)
+			}
+			enums[f.Tag.Get("env")] = values
+		}
+	}
+	for _, f := range configVars() {
+		only := f.Tag.Get("only")
+		if only == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(only, "=")
+		if !ok || !slices.Contains(enums[name], value) {
+			t.Errorf("%s: only %q does not name an enumerated variable and one of its values", f.Tag.Get("env"), only)
+		}
+	}
+}

@@ -127,8 +127,7 @@ func logWarnings(cfg Config, warnings []string, w io.Writer) {
 }
 
 func newLogger(cfg Config, w io.Writer) *slog.Logger {
-	level, _ := parseLevel(cfg.LogLevel)
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
 }
 
 // serve runs the proxy and admin listeners until ctx ends, then drains:
