@@ -180,6 +180,9 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if dbURL == "" {
 		return errors.New("IDEMPROXY_DATABASE_URL is required for idemproxy migrate")
 	}
+	if err := store.CheckURL(dbURL); err != nil {
+		return fmt.Errorf("IDEMPROXY_DATABASE_URL %w", err)
+	}
 	if err := store.Migrate(ctx, dbURL, args[0], stdout); err != nil {
 		return fmt.Errorf("migrate %s: %w", args[0], err)
 	}

@@ -117,6 +117,10 @@ func TestRunMigrateUsage(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DATABASE_URL") {
 		t.Errorf("migrate without a URL: got %v, want an error naming IDEMPROXY_DATABASE_URL", err)
 	}
+	err = runMigrate(t.Context(), []string{"up"}, envOf(map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://app:p@ss@db/app"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DATABASE_URL has more than one @") || strings.Contains(err.Error(), "ss@db") {
+		t.Errorf("migrate with an unencoded @ in the password: got %v, want it refused without the password", err)
+	}
 }
 
 func TestRunMigrate(t *testing.T) {
