@@ -49,11 +49,12 @@ type Store interface {
 	// the same CreatedAt by Key in descending byte order. A page holds at
 	// most opts.PageLimit() entries, each with every field Lookup sets
 	// except Response, which is nil. opts.After continues after the page
-	// whose Next it was (nil starts with the newest entry); Next is nil on
-	// the last page. Each page is read at once, not under one snapshot
-	// with the others: an entry that changes while a listing is paged
-	// (completed, claimed again, deleted) may be missing from it, but no
-	// entry appears twice. A tenant without entries gets an empty page.
+	// whose Next it was (nil starts with the newest entry); Next is set
+	// exactly when entries were left after the page, nil on the last
+	// page. A listing is no snapshot: an entry completed, claimed again,
+	// deleted or ended while it is read or paged may be missing from it,
+	// but none appears twice, since a key's CreatedAt only moves forward.
+	// A tenant without entries gets an empty page.
 	List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error)
 	// Ping reports whether the store can be used: reachable and, for a
 	// database, with the schema the store needs. A permanent failure is
