@@ -42,7 +42,23 @@ type Store interface {
 	Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error)
 	// Delete removes an entry (admin use) or fails with idemproxy.ErrNotFound.
 	Delete(ctx context.Context, tenant uuid.UUID, key string) error
-	// Ping reports whether the store is reachable.
+	// List returns one page of tenant's live entries (admin use): the
+	// locks whose lease has not ended and the records that still replay,
+	// exactly what Lookup would return, never an ended or another
+	// tenant's entry. Entries come newest CreatedAt first; entries with
+	// the same CreatedAt by Key in descending byte order. A page holds at
+	// most opts.PageLimit() entries, each with every field Lookup sets
+	// except Response, which is nil. opts.After continues after the page
+	// whose Next it was (nil starts with the newest entry); Next is set
+	// exactly when entries were left after the page, nil on the last
+	// page. A listing is no snapshot: an entry completed, claimed again,
+	// deleted or ended while it is read or paged may be missing from it,
+	// but none appears twice, since a key's CreatedAt only moves forward.
+	// A tenant without entries gets an empty page.
+	List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error)
+	// Ping reports whether the store can be used: reachable and, for a
+	// database, with the schema the store needs. A permanent failure is
+	// an *idemproxy.MisconfiguredError.
 	Ping(ctx context.Context) error
 }
 
