@@ -24,7 +24,7 @@ import (
 
 // AdminConfig configures NewAdmin.
 type AdminConfig struct {
-	Store Store
+	Store idemproxy.Store
 	// Gatherer serves /metrics; nil means no /metrics route.
 	Gatherer prometheus.Gatherer
 	// Draining, when set to true, makes /readyz answer 503 (shutdown).

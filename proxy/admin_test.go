@@ -205,7 +205,7 @@ func testAdminListKeys(t *testing.T, st option) {
 
 // pingStore is a store whose Ping fails with err.
 type pingStore struct {
-	proxy.Store
+	idemproxy.Store
 	err error
 }
 

@@ -13,7 +13,7 @@ import (
 )
 
 // List returns one page of tenant's live locks and records, newest first,
-// as proxy.Store.List describes. It scans every shard, holding one shard's
+// as idemproxy.Store.List describes. It scans every shard, holding one shard's
 // lock at a time, and keeps only a page's worth of entries while it does:
 // its cost grows with the store's size, not with the tenant's.
 func (m *Memory) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
@@ -105,7 +105,7 @@ ORDER BY created_at DESC, key COLLATE "C" DESC
 LIMIT $4`
 
 // List returns one page of tenant's live locks and records, newest first,
-// as proxy.Store.List describes, in one statement.
+// as idemproxy.Store.List describes, in one statement.
 func (p *Postgres) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
 	limit := opts.PageLimit()
 	after, afterKey := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, ""

@@ -509,3 +509,8 @@ func permanentReason(err error) string {
 	}
 	return ""
 }
+
+// Capabilities reports a store shared by every replica over the network.
+func (p *Postgres) Capabilities() idemproxy.Capabilities {
+	return idemproxy.Capabilities{Shared: true}
+}

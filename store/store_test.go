@@ -16,17 +16,16 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 var (
-	_ proxy.Store = (*Memory)(nil)
-	_ proxy.Store = (*Postgres)(nil)
+	_ idemproxy.Store = (*Memory)(nil)
+	_ idemproxy.Store = (*Postgres)(nil)
 )
 
 // harness is one store under test and a way to age its entries.
 type harness struct {
-	store proxy.Store
+	store idemproxy.Store
 	// expire moves the end of (tenant, key)'s lease, or of its record,
 	// into the past, as if time had passed.
 	expire func(t *testing.T, tenant uuid.UUID, key string)
@@ -58,7 +57,7 @@ func completion(c idemproxy.Claim, status int, resp *idemproxy.Response) idempro
 	}
 }
 
-func mustClaim(t *testing.T, s proxy.Store, c idemproxy.Claim) idemproxy.ClaimResult {
+func mustClaim(t *testing.T, s idemproxy.Store, c idemproxy.Claim) idemproxy.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(t.Context(), c)
 	if err != nil {
@@ -124,7 +123,7 @@ func checkRecord(t *testing.T, e idemproxy.Entry, c idemproxy.Claim, status int,
 	}
 }
 
-// testStore holds a store to the contract of proxy.Store, as the memory
+// testStore holds a store to the contract of idemproxy.Store, as the memory
 // store defines it. newStore returns a fresh store (or a fresh view of a
 // shared one); every subtest uses its own tenant.
 func testStore(t *testing.T, newStore func(t *testing.T) harness) {

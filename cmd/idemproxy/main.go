@@ -28,6 +28,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -168,7 +169,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
 	}
 	metrics := proxy.NewMetrics(reg)
-	if cfg.Store == "postgres" {
+	if st.Capabilities().Shared {
 		st = proxy.CacheRecords(st, proxy.RecordCacheOptions{
 			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
@@ -275,7 +276,7 @@ func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
 }
 
 // openStore builds the configured store and the function that closes it.
-func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
 		m := store.NewMemory(store.MemoryOptions{

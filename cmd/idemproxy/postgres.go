@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -57,7 +56,7 @@ func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
 // It starts the purge loop. The returned store is also a
 // prometheus.Collector of idemproxy_purged_rows_total; the close function
 // stops the background work and closes the pool.
-func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
 		URL:              cfg.DatabaseURL,
 		MaxConns:         cfg.DBMaxConns,
