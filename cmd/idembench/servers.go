@@ -229,12 +229,14 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 // serves it.
 func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resolver *tenancy.Resolver, logger *slog.Logger) (*server, error) {
 	p, err := proxy.New(proxy.Config{
-		Upstream:        upstreamURL,
-		Store:           st,
-		Tenancy:         resolver,
-		UpstreamTimeout: upstreamTimeout,
-		Metrics:         proxy.NewMetrics(prometheus.NewRegistry()),
-		Logger:          logger,
+		Upstream: upstreamURL,
+		Tenancy:  resolver,
+		IdempotencyConfig: proxy.IdempotencyConfig{
+			Store:           st,
+			UpstreamTimeout: upstreamTimeout,
+			Metrics:         proxy.NewMetrics(prometheus.NewRegistry()),
+			Logger:          logger,
+		},
 	})
 	if err != nil {
 		return nil, err
