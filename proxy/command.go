@@ -289,24 +289,3 @@ func (g *Idempotency) reject(w http.ResponseWriter, ri *reqInfo, prob *idemproxy
 func retryAfter(remaining time.Duration) int {
 	return max(int(remaining/time.Second), 1)
 }
-
-// maxCommandType bounds the command type kept with a lock or record; a
-// longer one is cut (the fingerprint still covers the whole path).
-const maxCommandType = 512
-
-// commandType is "METHOD /path", at most maxCommandType bytes.
-func commandType(method, path string) string {
-	ct := method + " " + path
-	if len(ct) > maxCommandType {
-		ct = ct[:maxCommandType-3] + "..."
-	}
-	return ct
-}
-
-func newCommandID() uuid.UUID {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.New()
-	}
-	return id
-}

@@ -26,7 +26,7 @@ import (
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// TestStateTable walks SPEC §4's first table in every mode.
+// TestStateTable walks the first table of the README's "How it behaves" in every mode.
 func TestStateTable(t *testing.T) { forEachStore(t, testStateTable) }
 
 func testStateTable(t *testing.T, st option) {
@@ -1093,4 +1093,21 @@ func TestStoreFullNamesTheBound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEveryMethodAndPathReachesUpstream: the chain is a chi router, and
+// nothing it does not route is lost: a custom method passes (unkeyed) or
+// is a command like any non-safe one (keyed), and a path chi would
+// unescape reaches the upstream as sent.
+func TestEveryMethodAndPathReachesUpstream(t *testing.T) {
+	e := newEnv(t)
+	wantStatus(t, e.do(req{method: "PROPFIND", path: "/dav/a%2Fb", tenant: "-"}), http.StatusCreated)
+	e.wantCalls(1)
+	if got := e.up.lastRequest(); got.Method != "PROPFIND" || got.URL.EscapedPath() != "/dav/a%2Fb" {
+		t.Fatalf("upstream got %s %s, want PROPFIND /dav/a%%2Fb", got.Method, got.URL.EscapedPath())
+	}
+	for range 2 {
+		wantStatus(t, e.do(req{method: "PURGE", path: "/cache", key: "purge-1"}), http.StatusCreated)
+	}
+	e.wantCalls(2)
 }

@@ -195,7 +195,7 @@ func TestPostgresOutageFailsClosedAndHeals(t *testing.T) {
 	u.Host = fn.Addr()
 	up := newUpstream(t)
 	srv, pg := replica(t, up, u.String())
-	admin := httptest.NewServer(proxy.NewAdmin(proxy.AdminConfig{Store: pg}))
+	admin := httptest.NewServer(newAdmin(t, proxy.AdminConfig{Store: pg}))
 	defer admin.Close()
 	tenant := uuid.New()
 

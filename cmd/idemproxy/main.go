@@ -179,9 +179,12 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	defer p.Close()
 	var draining atomic.Bool
-	admin := proxy.NewAdmin(proxy.AdminConfig{
+	admin, err := proxy.NewAdmin(proxy.AdminConfig{
 		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log,
 	})
+	if err != nil {
+		return err
+	}
 
 	proxyLn, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
