@@ -261,3 +261,21 @@ func isToken(s string) bool {
 	}
 	return s != ""
 }
+
+// replayHeaders are the response headers a record keeps in mode replay.
+// Set-Cookie is never kept: a replay must not hand out another session.
+var replayHeaders = []string{
+	"Content-Type", "Content-Language", "Content-Encoding", "Content-Location",
+	"Location", "Etag", "Last-Modified", "Cache-Control", "Link",
+}
+
+// replayHeader is a copy of the replayHeaders of h.
+func replayHeader(h http.Header) http.Header {
+	kept := http.Header{}
+	for _, name := range replayHeaders {
+		if v := h.Values(name); len(v) > 0 {
+			kept[name] = append([]string(nil), v...)
+		}
+	}
+	return kept
+}

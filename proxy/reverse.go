@@ -17,13 +17,6 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
-// replayHeaders are the upstream response headers kept for mode replay.
-// Set-Cookie is never kept: a replay must not hand out another session.
-var replayHeaders = []string{
-	"Content-Type", "Content-Language", "Content-Encoding", "Content-Location",
-	"Location", "Etag", "Last-Modified", "Cache-Control", "Link",
-}
-
 // forward mounts the idempotency step in front of the reverse proxy
 // next: a checked request is begun here and forwarded once, in a context
 // that carries its command to the proxy's hooks, which settle it (rewrite,
@@ -145,12 +138,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 // capture reads up to ReplayMaxBytes of a 2xx body for replay and puts it
 // back in front of the rest, so the client still gets the whole stream.
 func (p *Proxy) capture(resp *http.Response) *idemproxy.Response {
-	stored := &idemproxy.Response{Header: http.Header{}}
-	for _, name := range replayHeaders {
-		if v := resp.Header.Values(name); len(v) > 0 {
-			stored.Header[name] = append([]string(nil), v...)
-		}
-	}
+	stored := &idemproxy.Response{Header: replayHeader(resp.Header)}
 	limit := p.cfg.ReplayMaxBytes
 	if resp.ContentLength > limit {
 		stored.Truncated = true

@@ -1,0 +1,359 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// service is a Go service with the idempotency step mounted in-process:
+// a chi router, the tenancy middleware, Middleware, and a handler that
+// counts its executions.
+type service struct {
+	*env // the store, tenant and clock of an env; its sidecar is unused
+	srv  *httptest.Server
+	runs atomic.Int64
+	mu   sync.Mutex
+	h    http.HandlerFunc
+}
+
+func newService(t *testing.T, st option, set func(*proxy.IdempotencyConfig)) *service {
+	t.Helper()
+	s := &service{env: newEnv(t, st)}
+	s.h = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":1}`)
+	}
+	cfg := proxy.IdempotencyConfig{Store: s.store, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
+		KeyTTL: time.Hour, Metrics: proxy.NewMetrics(nil)}
+	if set != nil {
+		set(&cfg)
+	}
+	idem, err := proxy.NewIdempotency(cfg)
+	if err != nil {
+		t.Fatalf("NewIdempotency: %v", err)
+	}
+	resolver, err := tenancy.New(t.Context(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	r.Use(resolver.Middleware(tenancy.MiddlewareOptions{Applies: idem.Checked}), idem.Middleware)
+	r.HandleFunc("/orders", func(w http.ResponseWriter, r *http.Request) {
+		s.runs.Add(1)
+		s.mu.Lock()
+		h := s.h
+		s.mu.Unlock()
+		h(w, r)
+	})
+	s.srv = httptest.NewServer(r)
+	// e.do sends to the service, and the env's cleanup closes it; the
+	// env's own sidecar is closed here.
+	t.Cleanup(s.env.srv.Close)
+	s.env.srv = s.srv
+	return s
+}
+
+func (s *service) set(h http.HandlerFunc) {
+	s.mu.Lock()
+	s.h = h
+	s.mu.Unlock()
+}
+
+func (s *service) wantRuns(want int64) {
+	s.t.Helper()
+	if got := s.runs.Load(); got != want {
+		s.t.Fatalf("handler runs: got %d, want %d", got, want)
+	}
+}
+
+func withIdemMode(m proxy.Mode) func(*proxy.IdempotencyConfig) {
+	return func(c *proxy.IdempotencyConfig) { c.Mode = m }
+}
+
+// TestMiddlewareStateTable: in-process, the handler plays the upstream's
+// part in the first table, in every mode.
+func TestMiddlewareStateTable(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+			s := newService(t, st, withIdemMode(mode))
+			var seen uuid.UUID
+			s.set(func(w http.ResponseWriter, r *http.Request) {
+				seen, _ = proxy.CommandID(r.Context())
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Set-Cookie", "session=secret")
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, `{"id":1}`)
+			})
+			first := req{key: "order-1", body: `{"item":"book"}`}
+			resp := s.do(first)
+			wantStatus(t, resp, http.StatusCreated)
+			if body := readBody(t, resp); body != `{"id":1}` {
+				t.Fatalf("first body %q", body)
+			}
+			if got := resp.Header.Get("Idempotency-Command-Id"); got == "" || got != seen.String() {
+				t.Fatalf("Idempotency-Command-Id %q, the handler saw %s", got, seen)
+			}
+			s.wantRuns(1)
+
+			resp = s.do(first)
+			s.wantReplay(resp, mode, http.StatusCreated)
+			switch body := readBody(t, resp); mode {
+			case proxy.ModeReplay:
+				if body != `{"id":1}` || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Set-Cookie") != "" {
+					t.Fatalf("replay: body %q, header %v", body, resp.Header)
+				}
+			case proxy.ModeNoop:
+				if body != "" {
+					t.Fatalf("noop replay body %q", body)
+				}
+			}
+			wantProblem(t, s.do(req{key: "order-1", body: `{"item":"pen"}`}), http.StatusUnprocessableEntity, "key-reused")
+			s.wantRuns(1)
+
+			// Not checked: a safe method, and an unkeyed request, run every time.
+			wantStatus(t, s.do(req{method: http.MethodGet, key: "order-1"}), http.StatusCreated)
+			wantStatus(t, s.do(req{tenant: "-"}), http.StatusCreated)
+			wantStatus(t, s.do(req{tenant: "-"}), http.StatusCreated)
+			s.wantRuns(4)
+		})
+	})
+}
+
+// TestMiddlewareRacingDuplicates: concurrent duplicates run the handler
+// once: the others get 409 in-progress while it runs, a replay after.
+func TestMiddlewareRacingDuplicates(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		s := newService(t, st, nil)
+		entered, release := make(chan struct{}, 1), make(chan struct{})
+		s.set(func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-release
+			w.WriteHeader(http.StatusCreated)
+		})
+		first := req{key: "race", body: "same"}
+		done := make(chan *http.Response)
+		go func() { done <- s.do(first) }()
+		<-entered
+		const n = 20
+		statuses := make(chan int, n)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				r, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/orders", strings.NewReader("same"))
+				r.Header.Set("Idempotency-Key", "race")
+				r.Header.Set("X-Tenant-ID", s.tenant.String())
+				resp, err := http.DefaultClient.Do(r)
+				if err != nil {
+					statuses <- 0
+					return
+				}
+				resp.Body.Close()
+				statuses <- resp.StatusCode
+			})
+		}
+		wg.Wait()
+		close(statuses)
+		for code := range statuses {
+			if code != http.StatusConflict {
+				t.Fatalf("a duplicate while the handler runs got %d, want 409", code)
+			}
+		}
+		close(release)
+		wantStatus(t, <-done, http.StatusCreated)
+		s.wantReplay(s.do(first), proxy.ModeNoop, http.StatusCreated)
+		s.wantRuns(1)
+	})
+}
+
+// TestMiddlewareFailureReleases: a status outside SuccessStatus is no
+// record; the key is released and a retry runs the handler again.
+func TestMiddlewareFailureReleases(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		s := newService(t, st, nil)
+		var fail atomic.Bool
+		fail.Store(true)
+		s.set(func(w http.ResponseWriter, r *http.Request) {
+			if fail.Swap(false) {
+				http.Error(w, "database down", http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		resp := s.do(req{key: "k", body: "x"})
+		wantStatus(t, resp, http.StatusServiceUnavailable)
+		if body := readBody(t, resp); !strings.Contains(body, "database down") || resp.Header.Get("Idempotency-Command-Id") != "" {
+			t.Fatalf("failure answered %q %v, want the handler's response unchanged", body, resp.Header)
+		}
+		if n := s.entries(); n != 0 {
+			t.Fatalf("store holds %d entries after a failure, want 0 (released)", n)
+		}
+		wantStatus(t, s.do(req{key: "k", body: "x"}), http.StatusCreated)
+		s.wantReplay(s.do(req{key: "k", body: "x"}), proxy.ModeNoop, http.StatusCreated)
+		s.wantRuns(2)
+	})
+}
+
+// TestMiddlewarePanicReleases: a panic in the handler is answered 500, no
+// record is written and the key is released.
+func TestMiddlewarePanicReleases(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		s := newService(t, st, nil)
+		var panicked atomic.Bool
+		s.set(func(w http.ResponseWriter, r *http.Request) {
+			if !panicked.Swap(true) {
+				w.Header().Set("Content-Length", "100")
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "partial")
+				panic("boom")
+			}
+			w.WriteHeader(http.StatusCreated)
+		})
+		wantProblem(t, s.do(req{key: "k", body: "x"}), http.StatusInternalServerError, "internal")
+		if n := s.entries(); n != 0 {
+			t.Fatalf("store holds %d entries after a panic, want 0", n)
+		}
+		wantStatus(t, s.do(req{key: "k", body: "x"}), http.StatusCreated)
+		s.wantRuns(2)
+	})
+}
+
+// TestMiddlewareClientGoneCommandCompletes: the handler's context does not
+// end with the client's; the command is recorded and the retry replays.
+func TestMiddlewareClientGoneCommandCompletes(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		s := newService(t, st, nil)
+		entered, release := make(chan struct{}), make(chan struct{})
+		ctxErr := make(chan error, 1)
+		s.set(func(w http.ResponseWriter, r *http.Request) {
+			close(entered)
+			<-release
+			ctxErr <- r.Context().Err()
+			w.WriteHeader(http.StatusCreated)
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		r, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.srv.URL+"/orders", strings.NewReader("x"))
+		r.Header.Set("Idempotency-Key", "gone")
+		r.Header.Set("X-Tenant-ID", s.tenant.String())
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(r)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		<-entered
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("client error: got %v, want canceled", err)
+		}
+		close(release)
+		if err := <-ctxErr; err != nil {
+			t.Fatalf("the handler's context ended with the client's: %v", err)
+		}
+		waitRecord(t, s.store, s.tenant, "gone")
+		s.wantReplay(s.do(req{key: "gone", body: "x"}), proxy.ModeNoop, http.StatusCreated)
+		s.wantRuns(1)
+	})
+}
+
+// waitRecord waits (bounded) until key has a record.
+func waitRecord(t *testing.T, st idemproxy.Store, tenant uuid.UUID, key string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e, err := st.Lookup(context.Background(), tenant, key)
+		if err == nil && e.State == idemproxy.StateSucceeded {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record for %q: %+v %v", key, e, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// blockingComplete is a store whose Complete waits for proceed.
+type blockingComplete struct {
+	idemproxy.Store
+	entered chan struct{}
+	proceed chan struct{}
+}
+
+func (b blockingComplete) Complete(ctx context.Context, c idemproxy.Completion) error {
+	b.entered <- struct{}{}
+	<-b.proceed
+	return b.Store.Complete(ctx, c)
+}
+
+// TestMiddlewareRecordBeforeResponse: no byte of a success reaches the
+// client before its record is written.
+func TestMiddlewareRecordBeforeResponse(t *testing.T) {
+	bc := blockingComplete{entered: make(chan struct{}), proceed: make(chan struct{})}
+	s := newService(t, memoryStore, func(c *proxy.IdempotencyConfig) {
+		bc.Store = c.Store
+		c.Store = bc
+	})
+	var once sync.Once
+	proceed := func() { once.Do(func() { close(bc.proceed) }) }
+	t.Cleanup(proceed) // a failing run must not leave the server blocked
+	got := make(chan *http.Response, 1)
+	go func() { got <- s.do(req{key: "k", body: "x"}) }()
+	<-bc.entered // the handler returned; its record is being written
+	select {
+	case resp := <-got:
+		t.Fatalf("the client got %d before the record was written", resp.StatusCode)
+	case <-time.After(200 * time.Millisecond):
+	}
+	proceed()
+	resp := <-got
+	wantStatus(t, resp, http.StatusCreated)
+	if body := readBody(t, resp); body != `{"id":1}` {
+		t.Fatalf("body %q", body)
+	}
+}
+
+// TestMiddlewareLargeResponse: a response past ReplayMaxBytes is committed
+// when it passes it: the client gets all of it, and the record, written
+// first, replays like noop.
+func TestMiddlewareLargeResponse(t *testing.T) {
+	forEachStore(t, func(t *testing.T, st option) {
+		s := newService(t, st, func(c *proxy.IdempotencyConfig) { c.Mode, c.ReplayMaxBytes = proxy.ModeReplay, 1024 })
+		big := strings.Repeat("x", 10_000)
+		s.set(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusOK)
+			for i := 0; i < len(big); i += 100 {
+				io.WriteString(w, big[i:i+100])
+			}
+		})
+		resp := s.do(req{key: "big", body: "x"})
+		wantStatus(t, resp, http.StatusOK)
+		if body := readBody(t, resp); body != big {
+			t.Fatalf("the client got %d bytes, want %d", len(body), len(big))
+		}
+		resp = s.do(req{key: "big", body: "x"})
+		s.wantReplay(resp, proxy.ModeReplay, http.StatusOK)
+		if body := readBody(t, resp); body != "" {
+			t.Fatalf("a response past the cap replayed %d bytes, want none (like noop)", len(body))
+		}
+		s.wantRuns(1)
+	})
+}
