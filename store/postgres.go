@@ -12,11 +12,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
 // PostgresOptions configures NewPostgres. URL is required; every other zero
@@ -80,7 +80,7 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
-		return nil, fmt.Errorf("store: postgres: %w", urlError(opts.URL, err))
+		return nil, fmt.Errorf("store: postgres: %w", pgerr.URLError(opts.URL, err))
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
@@ -215,7 +215,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 			continue
 		}
 		if err != nil {
-			return idemproxy.ClaimResult{}, failure("claim", err)
+			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
 		e.Tenant, e.Key = c.Tenant, c.Key
 		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
@@ -249,7 +249,7 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 	tag, err := p.pool.Exec(ctx, completeSQL,
 		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
 	if err != nil {
-		return failure("complete", err)
+		return pgerr.Failure("complete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotOwner
@@ -264,7 +264,7 @@ func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, ow
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(tenant), key, pgUUID(owner))
 	if err != nil {
-		return failure("release", err)
+		return pgerr.Failure("release", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotOwner
@@ -282,7 +282,7 @@ func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (id
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
 	if err != nil {
-		return idemproxy.Entry{}, failure("lookup", err)
+		return idemproxy.Entry{}, pgerr.Failure("lookup", err)
 	}
 	e.Tenant, e.Key = tenant, key
 	return e, nil
@@ -295,7 +295,7 @@ func (p *Postgres) Delete(ctx context.Context, tenant uuid.UUID, key string) err
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, deleteSQL, pgUUID(tenant), key)
 	if err != nil {
-		return failure("delete", err)
+		return pgerr.Failure("delete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotFound
@@ -341,7 +341,7 @@ func (p *Postgres) Ping(ctx context.Context) error {
 		missing        []string
 	)
 	if err := p.pool.QueryRow(ctx, pingSQL, schemaColumns).Scan(&table, &allowed, &missing); err != nil {
-		return failure("ping", err)
+		return pgerr.Failure("ping", err)
 	}
 	switch {
 	case !table:
@@ -369,7 +369,7 @@ func (p *Postgres) Purge(ctx context.Context, batch int) (int64, error) {
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, purgeSQL, batch)
 	if err != nil {
-		return 0, failure("purge", err)
+		return 0, pgerr.Failure("purge", err)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -463,51 +463,6 @@ func scanEntry(row pgx.Row, lead ...any) (idemproxy.Entry, error) {
 		}
 	}
 	return e, nil
-}
-
-// failure turns an error from the driver into the store's: a request the
-// database rejected as invalid (SQLSTATE classes 22 and 23) is reported
-// as such; a failure that retrying will not cure (see permanentReason) is
-// an *idemproxy.MisconfiguredError; anything else means the store could
-// not be used for now. All but the first satisfy
-// errors.Is(err, idemproxy.ErrUnavailable). The driver's error is kept as
-// text only, so that no driver type leaves the package; a context's
-// deadline or cancellation stays matchable with errors.Is.
-func failure(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
-		return fmt.Errorf("store: postgres %s rejected: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
-	}
-	if reason := permanentReason(err); reason != "" {
-		return idemproxy.Misconfigured(reason, fmt.Errorf("postgres %s: %v", op, err))
-	}
-	for _, ce := range []error{context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, ce) {
-			return fmt.Errorf("%w: postgres %s: %w (%v)", idemproxy.ErrUnavailable, op, ce, err)
-		}
-	}
-	return fmt.Errorf("%w: postgres %s: %v", idemproxy.ErrUnavailable, op, err)
-}
-
-// permanentReason names the cause of a Postgres error that retrying will
-// not cure, by its SQLSTATE, or returns "" for any other error (connection
-// refused, timeouts, a server shutting down or out of connections).
-func permanentReason(err error) string {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return ""
-	}
-	switch pgErr.Code {
-	case "3D000": // invalid_catalog_name
-		return idemproxy.ReasonDatabaseMissing
-	case "28P01", "28000": // invalid_password, invalid_authorization_specification
-		return idemproxy.ReasonAuthentication
-	case "42P01", "42703", "3F000": // undefined_table, undefined_column, invalid_schema_name
-		return idemproxy.ReasonSchemaMissing
-	case "42501": // insufficient_privilege
-		return idemproxy.ReasonPermissionDenied
-	}
-	return ""
 }
 
 // Capabilities reports a store shared by every replica over the network.
