@@ -126,13 +126,17 @@ const (
 	entryColumns = entryHead + `, resp_headers, resp_body, resp_truncated`
 )
 
-// claimSQL inserts a lock, or takes over a row whose lease or record has
-// ended, in one statement. When the row is live it is returned unchanged
-// with claimed false. Under READ COMMITTED the second SELECT reads the
+// ClaimSQL is the statement of Postgres.Claim: it inserts a lock, or
+// takes over a row whose lease or record has ended, and returns it with
+// claimed true; when the row is live it returns it unchanged with claimed
+// false. Its parameters: $1 tenant, $2 key, $3 command id, $4 command
+// type, $5 owner, $6 fingerprint, $7 lease and $8 lock grace (both in
+// microseconds). Under READ COMMITTED the second SELECT reads the
 // statement's snapshot, which may miss a row committed concurrently (or
 // show its older, ended version): the statement then returns no row and
-// Claim runs it again.
-const claimSQL = `WITH ins AS (
+// Claim runs it again. It is exported for benchmarks that run the store's
+// statements without the store (cmd/idembench's pgbench script).
+const ClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys AS k
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
 		 created_at, lease_expires_at, expires_at)
@@ -163,7 +167,13 @@ WHERE tenant_id = $1 AND key = $2
 	AND COALESCE(lease_expires_at, expires_at) > now()
 	AND NOT EXISTS (SELECT 1 FROM ins)`
 
-const completeSQL = `UPDATE idempotency_keys SET
+// CompleteSQL is the statement of Postgres.Complete: it turns the lock
+// held by the owner into a record, or changes no row. Its parameters: $1
+// tenant, $2 key, $3 owner, $4 status, $5 response header (JSON), $6
+// response body, $7 response truncated (all three NULL without a stored
+// response) and $8 TTL in microseconds. It is exported for the same
+// benchmarks as ClaimSQL.
+const CompleteSQL = `UPDATE idempotency_keys SET
 	state = 'succeeded',
 	status = $4,
 	resp_headers = $5,
@@ -206,7 +216,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	for range claimAttempts {
-		row := p.pool.QueryRow(ctx, claimSQL,
+		row := p.pool.QueryRow(ctx, ClaimSQL,
 			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
 			c.Lease.Microseconds(), p.graceUS)
 		var claimed bool
@@ -246,7 +256,7 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, completeSQL,
+	tag, err := p.pool.Exec(ctx, CompleteSQL,
 		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
 	if err != nil {
 		return pgerr.Failure("complete", err)
