@@ -49,7 +49,7 @@ type PostgresOptions struct {
 // is a row of the idempotency_keys table, and every expiry is judged by
 // the database's clock. Each request-path operation is one statement and
 // one round trip. It is safe for concurrent use; the schema must have been
-// applied with Migrate.
+// applied with migrations.Migrate.
 type Postgres struct {
 	pool      *pgxpool.Pool
 	opTimeout time.Duration

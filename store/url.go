@@ -14,9 +14,9 @@ import (
 // Postgres store's connection string: a URL of another scheme, a URL whose
 // user name or password holds an unencoded @ (libpq reads the first @ as
 // the end of the password, net/url the last one), or anything pgx cannot
-// parse. Nil means NewPostgres and Migrate will accept it. The error shows
-// the string only if it is a URL, with its password replaced and nothing
-// else changed.
+// parse. Nil means NewPostgres and migrations.Migrate will accept it. The
+// error shows the string only if it is a URL, with its password replaced
+// and nothing else changed.
 func CheckURL(connString string) error {
 	if scheme, rest, ok := strings.Cut(connString, "://"); ok {
 		switch {
