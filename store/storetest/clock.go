@@ -56,14 +56,7 @@ func testStoreClock(t *testing.T, h Harness) {
 
 	// Completed 50s into its lease, the record replays for TTL from now.
 	resp := &idemproxy.Response{Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("ok")}
-	if err := h.Store.Complete(t.Context(), Completion(c, 201, resp)); err != nil {
-		t.Fatalf("Complete: %v", err)
-	}
-	e, err := h.Store.Lookup(t.Context(), c.Tenant, c.Key)
-	if err != nil {
-		t.Fatalf("Lookup of the record: %v", err)
-	}
-	CheckRecord(t, e, c, 201, resp)
+	e := complete(t, h, c, 201, resp)
 	if e.Remaining <= TTL-passed {
 		t.Errorf("record completed %s after its claim: remaining %s, want more than %s (TTL counted from the completion)",
 			passed, e.Remaining, TTL-passed)
@@ -85,33 +78,35 @@ func testStoreClock(t *testing.T, h Harness) {
 	}
 }
 
-func testLeaseEnded(t *testing.T, h Harness) {
-	old := NewClaim(uuid.New(), "order-1", "a")
-	MustClaim(t, h.Store, old)
-	h.Advance(t, old.Tenant, old.Lease+time.Second)
+// takeOver checks that old's entry, whose time is up, counts as nothing:
+// Lookup does not find it, a new claim takes the key over, and old's owner
+// cannot complete it any more. It returns the new claim.
+func takeOver(t *testing.T, h Harness, old idemproxy.Claim, what string) idemproxy.Claim {
+	t.Helper()
 	if _, err := h.Store.Lookup(t.Context(), old.Tenant, old.Key); !errors.Is(err, idemproxy.ErrNotFound) {
-		t.Errorf("Lookup of an ended lock: got %v, want ErrNotFound", err)
+		t.Errorf("Lookup of %s: got %v, want ErrNotFound", what, err)
 	}
 	next := NewClaim(old.Tenant, old.Key, "different")
 	res := MustClaim(t, h.Store, next)
 	if !res.Claimed {
-		t.Fatal("a lock whose lease ended was not taken over")
+		t.Fatalf("%s was not taken over", what)
 	}
 	CheckLock(t, res.Entry, next)
 	if err := h.Store.Complete(t.Context(), Completion(old, 201, nil)); !errors.Is(err, idemproxy.ErrNotOwner) {
-		t.Errorf("late Complete by the old owner: got %v, want ErrNotOwner", err)
+		t.Errorf("late Complete by the owner of %s: got %v, want ErrNotOwner", what, err)
 	}
+	return next
+}
+
+func testLeaseEnded(t *testing.T, h Harness) {
+	old := NewClaim(uuid.New(), "order-1", "a")
+	MustClaim(t, h.Store, old)
+	h.Advance(t, old.Tenant, old.Lease+time.Second)
+	next := takeOver(t, h, old, "a lock whose lease ended")
 	if err := h.Store.Release(t.Context(), old.Tenant, old.Key, old.Owner); !errors.Is(err, idemproxy.ErrNotOwner) {
 		t.Errorf("late Release by the old owner: got %v, want ErrNotOwner", err)
 	}
-	if err := h.Store.Complete(t.Context(), Completion(next, 202, nil)); err != nil {
-		t.Fatalf("Complete by the new owner: %v", err)
-	}
-	e, err := h.Store.Lookup(t.Context(), next.Tenant, next.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	CheckRecord(t, e, next, 202, nil)
+	complete(t, h, next, 202, nil)
 }
 
 // testLapsedLockOwner: a lock whose lease ended and that no one claimed
@@ -123,14 +118,7 @@ func testLapsedLockOwner(t *testing.T, h Harness) {
 	MustClaim(t, h.Store, done)
 	MustClaim(t, h.Store, dropped)
 	h.Advance(t, tenant, Lease+time.Second)
-	if err := h.Store.Complete(t.Context(), Completion(done, 201, nil)); err != nil {
-		t.Fatalf("late Complete with the key untouched: %v", err)
-	}
-	e, err := h.Store.Lookup(t.Context(), done.Tenant, done.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	CheckRecord(t, e, done, 201, nil)
+	complete(t, h, done, 201, nil) // late, with the key untouched
 	if err := h.Store.Release(t.Context(), tenant, dropped.Key, uuid.New()); !errors.Is(err, idemproxy.ErrNotOwner) {
 		t.Errorf("late Release by another owner: got %v, want ErrNotOwner", err)
 	}
@@ -153,18 +141,7 @@ func testRecordExpired(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	h.Advance(t, c.Tenant, TTL+time.Second)
-	if _, err := h.Store.Lookup(t.Context(), c.Tenant, c.Key); !errors.Is(err, idemproxy.ErrNotFound) {
-		t.Errorf("Lookup of an expired record: got %v, want ErrNotFound", err)
-	}
-	next := NewClaim(c.Tenant, c.Key, "different")
-	res := MustClaim(t, h.Store, next)
-	if !res.Claimed {
-		t.Fatal("an expired record was not taken over")
-	}
-	CheckLock(t, res.Entry, next)
-	if err := h.Store.Complete(t.Context(), Completion(c, 201, nil)); !errors.Is(err, idemproxy.ErrNotOwner) {
-		t.Errorf("Complete by the expired record's owner: got %v, want ErrNotOwner", err)
-	}
+	takeOver(t, h, c, "an expired record")
 }
 
 // testDeleteEnded: Delete reaches a lock whose lease ended (kept for its

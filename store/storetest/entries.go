@@ -12,6 +12,21 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
+// complete completes c by its owner with status and resp, and returns
+// the record Lookup then finds, checked with CheckRecord.
+func complete(t *testing.T, h Harness, c idemproxy.Claim, status int, resp *idemproxy.Response) idemproxy.Entry {
+	t.Helper()
+	if err := h.Store.Complete(t.Context(), Completion(c, status, resp)); err != nil {
+		t.Fatalf("Complete(%q): %v", c.Key, err)
+	}
+	e, err := h.Store.Lookup(t.Context(), c.Tenant, c.Key)
+	if err != nil {
+		t.Fatalf("Lookup(%q) of the record: %v", c.Key, err)
+	}
+	CheckRecord(t, e, c, status, resp)
+	return e
+}
+
 func testClaimNew(t *testing.T, h Harness) {
 	c := NewClaim(uuid.New(), "order-1", "a")
 	res := MustClaim(t, h.Store, c)
@@ -46,14 +61,7 @@ func testCompleteReplays(t *testing.T, h Harness) {
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
 		Body:   []byte(`{"id":1}`),
 	}
-	if err := h.Store.Complete(t.Context(), Completion(c, 201, resp)); err != nil {
-		t.Fatalf("Complete: %v", err)
-	}
-	e, err := h.Store.Lookup(t.Context(), c.Tenant, c.Key)
-	if err != nil {
-		t.Fatalf("Lookup: %v", err)
-	}
-	CheckRecord(t, e, c, 201, resp)
+	complete(t, h, c, 201, resp)
 	retry := NewClaim(c.Tenant, c.Key, "a")
 	res := MustClaim(t, h.Store, retry)
 	if res.Claimed {

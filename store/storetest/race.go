@@ -12,18 +12,22 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
-func testConcurrentClaims(t *testing.T, h Harness) {
-	tenant := uuid.New()
-	const n = 40
-	results := make([]idemproxy.ClaimResult, n)
-	errs := make([]error, n)
-	claims := make([]idemproxy.Claim, n)
-	for i := range claims {
-		claims[i] = NewClaim(tenant, "contended", "a")
-	}
+// claimAll runs the claims, and also (nil: nothing), all at once, and
+// returns what each claim got and which won (-1: none). It fails the test
+// on an error and when two claims won.
+func claimAll(t *testing.T, h Harness, claims []idemproxy.Claim, also func()) (results []idemproxy.ClaimResult, winner int) {
+	t.Helper()
+	results = make([]idemproxy.ClaimResult, len(claims))
+	errs := make([]error, len(claims))
 	start := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := range n {
+	if also != nil {
+		wg.Go(func() {
+			<-start
+			also()
+		})
+	}
+	for i := range claims {
 		wg.Go(func() {
 			<-start
 			results[i], errs[i] = h.Store.Claim(t.Context(), claims[i])
@@ -31,22 +35,37 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 	}
 	close(start)
 	wg.Wait()
-	winner := -1
-	for i := range n {
+	winner = -1
+	for i := range claims {
 		if errs[i] != nil {
-			t.Fatalf("claim %d: %v", i, errs[i])
+			t.Fatalf("%s: claim %d: %v", claims[i].Key, i, errs[i])
 		}
 		if results[i].Claimed {
 			if winner >= 0 {
-				t.Fatalf("claims %d and %d both won", winner, i)
+				t.Fatalf("%s: claims %d and %d both won", claims[i].Key, winner, i)
 			}
 			winner = i
 		}
 	}
+	return results, winner
+}
+
+// contenders returns n claims of (tenant, key) with the same body.
+func contenders(tenant uuid.UUID, key string, n int) []idemproxy.Claim {
+	claims := make([]idemproxy.Claim, n)
+	for i := range claims {
+		claims[i] = NewClaim(tenant, key, "a")
+	}
+	return claims
+}
+
+func testConcurrentClaims(t *testing.T, h Harness) {
+	claims := contenders(uuid.New(), "contended", 40)
+	results, winner := claimAll(t, h, claims, nil)
 	if winner < 0 {
 		t.Fatal("no claim won")
 	}
-	for i := range n {
+	for i := range results {
 		if got, want := results[i].Entry.CommandID, claims[winner].CommandID; got != want {
 			t.Errorf("claim %d sees command %s, want the winner's %s", i, got, want)
 		}
@@ -59,53 +78,21 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 // is refused: never both, never neither.
 func testLateCompleteRace(t *testing.T, h Harness) {
 	tenant := uuid.New()
-	const keys, claimers = 10, 8
-	owners := make([]idemproxy.Claim, keys)
+	owners := make([]idemproxy.Claim, 10)
 	for k := range owners {
 		owners[k] = NewClaim(tenant, fmt.Sprintf("lapsed-%d", k), "a")
 		MustClaim(t, h.Store, owners[k])
 	}
 	h.Advance(t, tenant, Lease+time.Second)
 	for _, old := range owners {
-		claims := make([]idemproxy.Claim, claimers)
-		results := make([]idemproxy.ClaimResult, claimers)
-		errs := make([]error, claimers)
-		for i := range claims {
-			claims[i] = NewClaim(tenant, old.Key, "a")
-		}
+		claims := contenders(tenant, old.Key, 8)
 		var completeErr error
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			<-start
+		results, winner := claimAll(t, h, claims, func() {
 			completeErr = h.Store.Complete(t.Context(), Completion(old, 201, nil))
 		})
-		for i := range claims {
-			wg.Go(func() {
-				<-start
-				results[i], errs[i] = h.Store.Claim(t.Context(), claims[i])
-			})
-		}
-		close(start)
-		wg.Wait()
 
-		winner := -1
-		for i := range claims {
-			if errs[i] != nil {
-				t.Fatalf("%s: claim %d: %v", old.Key, i, errs[i])
-			}
-			if results[i].Claimed {
-				if winner >= 0 {
-					t.Fatalf("%s: claims %d and %d both won", old.Key, winner, i)
-				}
-				winner = i
-			}
-		}
 		// What every losing claim must have met, and Lookup must find.
-		want := struct {
-			command uuid.UUID
-			state   idemproxy.State
-		}{old.CommandID, idemproxy.StateSucceeded}
+		wantCommand, wantState := old.CommandID, idemproxy.StateSucceeded
 		switch {
 		case completeErr == nil && winner >= 0:
 			t.Fatalf("%s: the late completion landed and claim %d took the key over too", old.Key, winner)
@@ -115,16 +102,16 @@ func testLateCompleteRace(t *testing.T, h Harness) {
 		case winner < 0:
 			t.Fatalf("%s: the late completion was refused but no claim took the key over", old.Key)
 		default:
-			want.command, want.state = claims[winner].CommandID, idemproxy.StateInFlight
+			wantCommand, wantState = claims[winner].CommandID, idemproxy.StateInFlight
 		}
-		for i := range claims {
-			if e := results[i].Entry; e.CommandID != want.command || e.State != want.state {
-				t.Errorf("%s: claim %d met %s %s, want %s %s", old.Key, i, e.State, e.CommandID, want.state, want.command)
+		for i := range results {
+			if e := results[i].Entry; e.CommandID != wantCommand || e.State != wantState {
+				t.Errorf("%s: claim %d met %s %s, want %s %s", old.Key, i, e.State, e.CommandID, wantState, wantCommand)
 			}
 		}
 		e, err := h.Store.Lookup(t.Context(), tenant, old.Key)
-		if err != nil || e.CommandID != want.command || e.State != want.state {
-			t.Errorf("%s: Lookup after the race: %s %s, %v; want %s %s", old.Key, e.State, e.CommandID, err, want.state, want.command)
+		if err != nil || e.CommandID != wantCommand || e.State != wantState {
+			t.Errorf("%s: Lookup after the race: %s %s, %v; want %s %s", old.Key, e.State, e.CommandID, err, wantState, wantCommand)
 		}
 	}
 }

@@ -27,7 +27,10 @@
 // store on a server (a database, Redis) may hand every subtest a new
 // client of one shared server: each subtest uses tenants of its own, new
 // random UUIDs, so the subtests never meet each other's entries, nor
-// those of other tests using the same server.
+// those of other tests using the same server. TestMemoryContract in
+// store/memory_test.go (a fake clock) and TestPostgresContract in
+// store/postgres_test.go (a shared database whose rows are aged) are
+// complete harnesses.
 //
 // The helpers (NewClaim, Completion, MustClaim, CheckLock, CheckRecord)
 // are those the suite uses, for a store's tests of its own.
