@@ -1,6 +1,7 @@
-// Package migrations embeds the numbered SQL migrations of the Postgres
-// store. They are goose files (github.com/pressly/goose/v3): each holds an
-// Up and a Down section. store.Migrate applies them.
+// Package migrations holds the schema of the Postgres store: the numbered
+// SQL migrations, embedded as goose files (github.com/pressly/goose/v3),
+// each with an Up and a Down section, and Migrate, which applies, rolls
+// back or lists them, recorded in idemproxy's own version table.
 package migrations
 
 import "embed"

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
 // List returns one page of tenant's live locks and records, newest first,
@@ -116,7 +117,7 @@ func (p *Postgres) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.Li
 	defer cancel()
 	rows, err := p.pool.Query(ctx, listSQL, pgUUID(tenant), after, afterKey, limit+1)
 	if err != nil {
-		return idemproxy.Page{}, failure("list", err)
+		return idemproxy.Page{}, pgerr.Failure("list", err)
 	}
 	defer rows.Close()
 	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
@@ -124,13 +125,13 @@ func (p *Postgres) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.Li
 		var key string
 		e, err := scanEntry(rows, &key)
 		if err != nil {
-			return idemproxy.Page{}, failure("list", err)
+			return idemproxy.Page{}, pgerr.Failure("list", err)
 		}
 		e.Tenant, e.Key = tenant, key
 		page.Entries = append(page.Entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		return idemproxy.Page{}, failure("list", err)
+		return idemproxy.Page{}, pgerr.Failure("list", err)
 	}
 	if len(page.Entries) > limit {
 		page.Entries = page.Entries[:limit]

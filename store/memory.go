@@ -1,6 +1,8 @@
 // Package store implements the idempotency stores: Memory for a single
-// replica and Postgres for any number of replicas. Both satisfy the store
-// interface declared by package proxy; no driver type leaves this package.
+// replica and Postgres for any number of replicas. Both satisfy
+// idemproxy.Store and run its conformance suite, store/storetest; no
+// driver type leaves this package. The Postgres store's schema is applied
+// by package migrations.
 package store
 
 import (

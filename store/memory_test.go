@@ -17,6 +17,7 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/memstat"
 	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
 type fakeClock struct {
@@ -34,6 +35,20 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
+}
+
+// TestMemoryContract runs the store suite on the memory store, each
+// subtest with a store of its own on a fake clock.
+func TestMemoryContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+		m := store.NewMemory(store.MemoryOptions{Now: clock.Now, SweepInterval: -1})
+		t.Cleanup(func() { m.Close() })
+		return storetest.Harness{
+			Store:   m,
+			Advance: func(_ *testing.T, _ uuid.UUID, d time.Duration) { clock.Advance(d) },
+		}
+	})
 }
 
 func claimOf(tenant uuid.UUID, key string, lease time.Duration) idemproxy.Claim {

@@ -11,6 +11,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/migrations"
+	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
 // wantMisconfigured asserts that err is a permanent failure for reason,
@@ -36,24 +39,24 @@ func randomName(prefix string) string {
 // TestPostgresPingChecksSchema: Ping is ready only with the table, every
 // column the store uses and the privileges to use them.
 func TestPostgresPingChecksSchema(t *testing.T) {
-	dbURL := freshSchema(t, testDatabase(t))
+	dbURL := pgtest.Schema(t)
 	p := newTestPostgres(t, PostgresOptions{URL: dbURL})
 	err := p.Ping(t.Context())
 	wantMisconfigured(t, "ping without the table", err, idemproxy.ReasonSchemaMissing)
 	if err != nil && !strings.Contains(err.Error(), "migrate up") {
 		t.Errorf("%q does not say how to fix it", err)
 	}
-	_, err = p.Claim(t.Context(), newClaim(uuid.New(), "k", "x"))
+	_, err = p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 	wantMisconfigured(t, "claim without the table", err, idemproxy.ReasonSchemaMissing)
 
-	if err := Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Ping(t.Context()); err != nil {
 		t.Fatalf("ping on the migrated schema: %v", err)
 	}
 
-	execSQL(t, dbURL, `ALTER TABLE idempotency_keys DROP COLUMN resp_truncated`)
+	pgtest.Exec(t, dbURL, `ALTER TABLE idempotency_keys DROP COLUMN resp_truncated`)
 	err = p.Ping(t.Context())
 	wantMisconfigured(t, "ping with a column missing", err, idemproxy.ReasonSchemaMissing)
 	if err != nil && !strings.Contains(err.Error(), "resp_truncated") {
@@ -64,19 +67,19 @@ func TestPostgresPingChecksSchema(t *testing.T) {
 // TestPostgresPermissionDenied: a role that may not use the table is a
 // permanent failure, for Ping and for every operation.
 func TestPostgresPermissionDenied(t *testing.T) {
-	dbURL := freshSchema(t, testDatabase(t))
-	if err := Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	dbURL := pgtest.Schema(t)
+	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
 		t.Fatal(err)
 	}
 	role := randomName("idemproxy_test_role_")
-	execSQL(t, dbURL, "CREATE ROLE "+role+" LOGIN")
+	pgtest.Exec(t, dbURL, "CREATE ROLE "+role+" LOGIN")
 	t.Cleanup(func() {
-		execSQL(t, dbURL, "DROP OWNED BY "+role)
-		execSQL(t, dbURL, "DROP ROLE "+role)
+		pgtest.Exec(t, dbURL, "DROP OWNED BY "+role)
+		pgtest.Exec(t, dbURL, "DROP ROLE "+role)
 	})
-	schema := queryValue[string](t, dbURL, "SELECT current_schema()")
-	execSQL(t, dbURL, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
-	execSQL(t, dbURL, "GRANT SELECT ON idempotency_keys TO "+role)
+	schema := pgtest.Query[string](t, dbURL, "SELECT current_schema()")
+	pgtest.Exec(t, dbURL, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
+	pgtest.Exec(t, dbURL, "GRANT SELECT ON idempotency_keys TO "+role)
 
 	u, err := url.Parse(dbURL)
 	if err != nil {
@@ -85,7 +88,7 @@ func TestPostgresPermissionDenied(t *testing.T) {
 	u.User = url.User(role)
 	p := newTestPostgres(t, PostgresOptions{URL: u.String()})
 	wantMisconfigured(t, "ping without write privileges", p.Ping(t.Context()), idemproxy.ReasonPermissionDenied)
-	_, err = p.Claim(t.Context(), newClaim(uuid.New(), "k", "x"))
+	_, err = p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 	wantMisconfigured(t, "claim without write privileges", err, idemproxy.ReasonPermissionDenied)
 }
 
@@ -93,7 +96,7 @@ func TestPostgresPermissionDenied(t *testing.T) {
 // and a role that does not exist are permanent for the store and for
 // Migrate; a database that cannot be reached is not.
 func TestPostgresPermanentConnectionErrors(t *testing.T) {
-	base, err := url.Parse(testDatabase(t))
+	base, err := url.Parse(pgtest.URL(t))
 	if err != nil || base.Scheme == "" {
 		t.Skip("needs TEST_DATABASE_URL in URL form")
 	}
@@ -110,15 +113,15 @@ func TestPostgresPermanentConnectionErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPostgres(t, PostgresOptions{URL: tc.url})
 			wantMisconfigured(t, "ping", p.Ping(t.Context()), tc.reason)
-			_, err := p.Claim(t.Context(), newClaim(uuid.New(), "k", "x"))
+			_, err := p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 			wantMisconfigured(t, "claim", err, tc.reason)
-			wantMisconfigured(t, "migrate", Migrate(t.Context(), tc.url, "up", nil), tc.reason)
+			wantMisconfigured(t, "migrate", migrations.Migrate(t.Context(), tc.url, "up", nil), tc.reason)
 		})
 	}
 
-	fn, cutURL := throughFaultnet(t, testDatabase(t))
+	fn, cutURL := pgtest.Faultnet(t, pgtest.URL(t))
 	fn.Cut()
-	err = Migrate(t.Context(), cutURL, "up", nil)
+	err = migrations.Migrate(t.Context(), cutURL, "up", nil)
 	if !errors.Is(err, idemproxy.ErrUnavailable) || errors.Is(err, idemproxy.ErrMisconfigured) {
 		t.Errorf("migrate with the database cut off: got %v, want a transient ErrUnavailable", err)
 	}

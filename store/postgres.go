@@ -12,11 +12,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
 // PostgresOptions configures NewPostgres. URL is required; every other zero
@@ -49,7 +49,7 @@ type PostgresOptions struct {
 // is a row of the idempotency_keys table, and every expiry is judged by
 // the database's clock. Each request-path operation is one statement and
 // one round trip. It is safe for concurrent use; the schema must have been
-// applied with Migrate.
+// applied with migrations.Migrate.
 type Postgres struct {
 	pool      *pgxpool.Pool
 	opTimeout time.Duration
@@ -80,7 +80,7 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
-		return nil, fmt.Errorf("store: postgres: %w", urlError(opts.URL, err))
+		return nil, fmt.Errorf("store: postgres: %w", pgerr.URLError(opts.URL, err))
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
@@ -126,13 +126,17 @@ const (
 	entryColumns = entryHead + `, resp_headers, resp_body, resp_truncated`
 )
 
-// claimSQL inserts a lock, or takes over a row whose lease or record has
-// ended, in one statement. When the row is live it is returned unchanged
-// with claimed false. Under READ COMMITTED the second SELECT reads the
+// ClaimSQL is the statement of Postgres.Claim: it inserts a lock, or
+// takes over a row whose lease or record has ended, and returns it with
+// claimed true; when the row is live it returns it unchanged with claimed
+// false. Its parameters: $1 tenant, $2 key, $3 command id, $4 command
+// type, $5 owner, $6 fingerprint, $7 lease and $8 lock grace (both in
+// microseconds). Under READ COMMITTED the second SELECT reads the
 // statement's snapshot, which may miss a row committed concurrently (or
 // show its older, ended version): the statement then returns no row and
-// Claim runs it again.
-const claimSQL = `WITH ins AS (
+// Claim runs it again. It is exported for benchmarks that run the store's
+// statements without the store (cmd/idembench's pgbench script).
+const ClaimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys AS k
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
 		 created_at, lease_expires_at, expires_at)
@@ -163,7 +167,13 @@ WHERE tenant_id = $1 AND key = $2
 	AND COALESCE(lease_expires_at, expires_at) > now()
 	AND NOT EXISTS (SELECT 1 FROM ins)`
 
-const completeSQL = `UPDATE idempotency_keys SET
+// CompleteSQL is the statement of Postgres.Complete: it turns the lock
+// held by the owner into a record, or changes no row. Its parameters: $1
+// tenant, $2 key, $3 owner, $4 status, $5 response header (JSON), $6
+// response body, $7 response truncated (all three NULL without a stored
+// response) and $8 TTL in microseconds. It is exported for the same
+// benchmarks as ClaimSQL.
+const CompleteSQL = `UPDATE idempotency_keys SET
 	state = 'succeeded',
 	status = $4,
 	resp_headers = $5,
@@ -206,7 +216,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	for range claimAttempts {
-		row := p.pool.QueryRow(ctx, claimSQL,
+		row := p.pool.QueryRow(ctx, ClaimSQL,
 			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
 			c.Lease.Microseconds(), p.graceUS)
 		var claimed bool
@@ -215,7 +225,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 			continue
 		}
 		if err != nil {
-			return idemproxy.ClaimResult{}, failure("claim", err)
+			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
 		e.Tenant, e.Key = c.Tenant, c.Key
 		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
@@ -246,10 +256,10 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, completeSQL,
+	tag, err := p.pool.Exec(ctx, CompleteSQL,
 		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
 	if err != nil {
-		return failure("complete", err)
+		return pgerr.Failure("complete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotOwner
@@ -264,7 +274,7 @@ func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, ow
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(tenant), key, pgUUID(owner))
 	if err != nil {
-		return failure("release", err)
+		return pgerr.Failure("release", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotOwner
@@ -282,7 +292,7 @@ func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (id
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
 	if err != nil {
-		return idemproxy.Entry{}, failure("lookup", err)
+		return idemproxy.Entry{}, pgerr.Failure("lookup", err)
 	}
 	e.Tenant, e.Key = tenant, key
 	return e, nil
@@ -295,7 +305,7 @@ func (p *Postgres) Delete(ctx context.Context, tenant uuid.UUID, key string) err
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, deleteSQL, pgUUID(tenant), key)
 	if err != nil {
-		return failure("delete", err)
+		return pgerr.Failure("delete", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idemproxy.ErrNotFound
@@ -341,7 +351,7 @@ func (p *Postgres) Ping(ctx context.Context) error {
 		missing        []string
 	)
 	if err := p.pool.QueryRow(ctx, pingSQL, schemaColumns).Scan(&table, &allowed, &missing); err != nil {
-		return failure("ping", err)
+		return pgerr.Failure("ping", err)
 	}
 	switch {
 	case !table:
@@ -369,7 +379,7 @@ func (p *Postgres) Purge(ctx context.Context, batch int) (int64, error) {
 	defer cancel()
 	tag, err := p.pool.Exec(ctx, purgeSQL, batch)
 	if err != nil {
-		return 0, failure("purge", err)
+		return 0, pgerr.Failure("purge", err)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -463,51 +473,6 @@ func scanEntry(row pgx.Row, lead ...any) (idemproxy.Entry, error) {
 		}
 	}
 	return e, nil
-}
-
-// failure turns an error from the driver into the store's: a request the
-// database rejected as invalid (SQLSTATE classes 22 and 23) is reported
-// as such; a failure that retrying will not cure (see permanentReason) is
-// an *idemproxy.MisconfiguredError; anything else means the store could
-// not be used for now. All but the first satisfy
-// errors.Is(err, idemproxy.ErrUnavailable). The driver's error is kept as
-// text only, so that no driver type leaves the package; a context's
-// deadline or cancellation stays matchable with errors.Is.
-func failure(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
-		return fmt.Errorf("store: postgres %s rejected: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
-	}
-	if reason := permanentReason(err); reason != "" {
-		return idemproxy.Misconfigured(reason, fmt.Errorf("postgres %s: %v", op, err))
-	}
-	for _, ce := range []error{context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, ce) {
-			return fmt.Errorf("%w: postgres %s: %w (%v)", idemproxy.ErrUnavailable, op, ce, err)
-		}
-	}
-	return fmt.Errorf("%w: postgres %s: %v", idemproxy.ErrUnavailable, op, err)
-}
-
-// permanentReason names the cause of a Postgres error that retrying will
-// not cure, by its SQLSTATE, or returns "" for any other error (connection
-// refused, timeouts, a server shutting down or out of connections).
-func permanentReason(err error) string {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return ""
-	}
-	switch pgErr.Code {
-	case "3D000": // invalid_catalog_name
-		return idemproxy.ReasonDatabaseMissing
-	case "28P01", "28000": // invalid_password, invalid_authorization_specification
-		return idemproxy.ReasonAuthentication
-	case "42P01", "42703", "3F000": // undefined_table, undefined_column, invalid_schema_name
-		return idemproxy.ReasonSchemaMissing
-	case "42501": // insufficient_privilege
-		return idemproxy.ReasonPermissionDenied
-	}
-	return ""
 }
 
 // Capabilities reports a store shared by every replica over the network.

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -290,7 +291,7 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, err
 	}
-	if err := store.Migrate(ctx, dbURL, "up", io.Discard); err != nil {
+	if err := migrations.Migrate(ctx, dbURL, "up", io.Discard); err != nil {
 		drop()
 		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
 	}

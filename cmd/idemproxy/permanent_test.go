@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 func randomSuffix() string {
@@ -79,7 +81,7 @@ func wantFailsClosed(t *testing.T, s *started, calls *atomic.Int64, cause string
 // does not exist or a role that does not exist ends the process at once,
 // non-zero, with a message naming the cause; it is not retried forever.
 func TestPermanentDatabaseErrorsExit(t *testing.T) {
-	base, err := url.Parse(pgTestURL(t))
+	base, err := url.Parse(pgtest.URL(t))
 	if err != nil || base.Scheme == "" {
 		t.Skip("needs TEST_DATABASE_URL in URL form")
 	}
@@ -119,7 +121,7 @@ func TestPermanentDatabaseErrorsExit(t *testing.T) {
 // TestPermanentDatabaseErrorAtRunTime: with migrations off the process
 // keeps running, and /readyz names the cause instead of "unavailable".
 func TestPermanentDatabaseErrorAtRunTime(t *testing.T) {
-	base, err := url.Parse(pgTestURL(t))
+	base, err := url.Parse(pgtest.URL(t))
 	if err != nil || base.Scheme == "" {
 		t.Skip("needs TEST_DATABASE_URL in URL form")
 	}
@@ -139,7 +141,7 @@ func TestPermanentDatabaseErrorAtRunTime(t *testing.T) {
 // never ready: /readyz says "not ready: schema missing", and keyed
 // requests fail closed.
 func TestReadyzSchemaMissing(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
+	dbURL := pgtest.Schema(t)
 	up, calls := countingUpstream(t, nil)
 	s := launch(t, nil, map[string]string{
 		"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_STORE": "postgres",
@@ -163,12 +165,12 @@ func TestReadyzSchemaMissing(t *testing.T) {
 // turns /readyz to "not ready: schema missing", and keyed requests fail
 // closed with the cause in the log.
 func TestReadyzAfterTableDropped(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
+	dbURL := pgtest.Schema(t)
 	up, calls := countingUpstream(t, nil)
 	s := startRun(t, nil, map[string]string{
 		"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_STORE": "postgres", "IDEMPROXY_DATABASE_URL": dbURL,
 	})
-	pgExec(t, dbURL, "DROP TABLE idempotency_keys")
+	pgtest.Exec(t, dbURL, "DROP TABLE idempotency_keys")
 	if code := waitReadyz(t, s.admin, "not ready: schema missing"); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz answered %d, want 503", code)
 	}

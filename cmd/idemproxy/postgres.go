@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -80,7 +81,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	}
 
 	if cfg.Migrate {
-		err := store.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log})
+		err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log})
 		if err == nil {
 			err = pg.Ping(ctx)
 		}
@@ -125,7 +126,7 @@ func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slo
 			return
 		case <-time.After(wait):
 		}
-		err := store.Migrate(ctx, databaseURL, "up", migrationLog{log})
+		err := migrations.Migrate(ctx, databaseURL, "up", migrationLog{log})
 		if err == nil {
 			s.pending.Store(nil)
 			log.Info("postgres migrations applied; the store is ready")
@@ -161,7 +162,7 @@ func (m migrationLog) Write(p []byte) (int, error) {
 // exactly one of up (apply all pending), down (roll back the latest) or
 // status. It reads IDEMPROXY_DATABASE_URL.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + store.VersionTable + ")"
+	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + migrations.VersionTable + ")"
 	if len(args) == 1 && isHelp(args[0]) {
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -176,7 +177,7 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if err := store.CheckURL(dbURL); err != nil {
 		return fmt.Errorf("IDEMPROXY_DATABASE_URL %w", err)
 	}
-	if err := store.Migrate(ctx, dbURL, args[0], stdout); err != nil {
+	if err := migrations.Migrate(ctx, dbURL, args[0], stdout); err != nil {
 		return fmt.Errorf("migrate %s: %w", args[0], err)
 	}
 	return nil

@@ -2,76 +2,20 @@ package main
 
 import (
 	"bytes"
-	"cmp"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
-	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
-
-// pgTestURL returns TEST_DATABASE_URL (or its default). Without a
-// reachable database it skips loudly, or fails under CI=true.
-func pgTestURL(t *testing.T) string {
-	t.Helper()
-	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Postgres at TEST_DATABASE_URL is required under CI=true: %v", err)
-		}
-		t.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL: %v (under CI=true this is a failure)", err)
-	}
-	conn.Close(context.Background())
-	return dbURL
-}
-
-// pgSchema creates a schema dropped when the test ends and returns dbURL
-// with it as search_path.
-func pgSchema(t *testing.T, dbURL string) string {
-	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idemproxy_cmd_test_" + hex.EncodeToString(b)
-	pgExec(t, dbURL, "CREATE SCHEMA "+name)
-	t.Cleanup(func() { pgExec(t, dbURL, "DROP SCHEMA "+name+" CASCADE") })
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	return u.String()
-}
-
-func pgExec(t *testing.T, dbURL, sql string, args ...any) {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
 
 func envOf(vars map[string]string) func(string) string {
 	return func(k string) string { return vars[k] }
@@ -124,7 +68,7 @@ func TestRunMigrateUsage(t *testing.T) {
 }
 
 func TestRunMigrate(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
+	dbURL := pgtest.Schema(t)
 	env := envOf(map[string]string{"IDEMPROXY_DATABASE_URL": dbURL})
 	for _, step := range []struct{ cmd, want string }{
 		{"status", "pending"},
@@ -154,7 +98,7 @@ func testPostgresConfig(dbURL string) Config {
 }
 
 func TestOpenPostgres(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
+	dbURL := pgtest.Schema(t)
 	log := slog.New(slog.DiscardHandler)
 	st, closeStore, err := openPostgres(t.Context(), testPostgresConfig(dbURL), log)
 	if err != nil {
@@ -172,7 +116,7 @@ func TestOpenPostgres(t *testing.T) {
 	}
 
 	// The purge loop deletes expired rows and counts them.
-	pgExec(t, dbURL, `INSERT INTO idempotency_keys
+	pgtest.Exec(t, dbURL, `INSERT INTO idempotency_keys
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint, created_at, expires_at, status)
 		SELECT $1, 'k' || i, gen_random_uuid(), 'POST /x', 'succeeded', gen_random_uuid(),
 			decode(repeat('00', 32), 'hex'), now() - interval '2 days', now() - interval '1 day', 200
@@ -202,17 +146,10 @@ func TestOpenPostgres(t *testing.T) {
 // TestOpenPostgresDatabaseDown: the server starts with the database down,
 // is not ready, and becomes ready (migrations applied) once it is up.
 func TestOpenPostgresDatabaseDown(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn := faultnet.New(u.Host)
-	defer fn.Close()
-	u.Host = fn.Addr()
+	fn, dbURL := pgtest.Faultnet(t, pgtest.Schema(t))
 	fn.Cut()
 
-	st, closeStore, err := openPostgres(t.Context(), testPostgresConfig(u.String()), slog.New(slog.DiscardHandler))
+	st, closeStore, err := openPostgres(t.Context(), testPostgresConfig(dbURL), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("openPostgres with the database down: %v", err)
 	}
@@ -238,9 +175,9 @@ func TestOpenPostgresDatabaseDown(t *testing.T) {
 // TestOpenPostgresBrokenMigration: a reachable database on which the
 // migrations fail stops the start.
 func TestOpenPostgresBrokenMigration(t *testing.T) {
-	dbURL := pgSchema(t, pgTestURL(t))
+	dbURL := pgtest.Schema(t)
 	// A table of the same name, made by hand, makes the migration fail.
-	pgExec(t, dbURL, "CREATE TABLE idempotency_keys (x int)")
+	pgtest.Exec(t, dbURL, "CREATE TABLE idempotency_keys (x int)")
 	_, _, err := openPostgres(t.Context(), testPostgresConfig(dbURL), slog.New(slog.DiscardHandler))
 	if err == nil || errors.Is(err, idemproxy.ErrUnavailable) {
 		t.Errorf("got %v, want a migration error", err)

@@ -1,23 +1,32 @@
 // Package pgtest finds the Postgres that tests run against and prepares it
-// once per test binary. Without a database a test is skipped loudly on a
-// developer's machine and fails under CI=true: a missing database never
-// passes as a skip in CI.
+// once per test binary: the store's tests, the migrations', the proxy's,
+// the commands' and the fault suite's. Without a database a test is
+// skipped loudly on a developer's machine and fails under CI=true: a
+// missing database never passes as a skip in CI.
 package pgtest
 
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/migrations"
 )
 
 // DefaultURL is used when TEST_DATABASE_URL is unset.
@@ -35,7 +44,7 @@ func URL(t testing.TB) string {
 	t.Helper()
 	once.Do(func() {
 		dbURL = cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
-		dbErr = store.Migrate(context.Background(), dbURL, "up", io.Discard)
+		dbErr = migrations.Migrate(context.Background(), dbURL, "up", io.Discard)
 	})
 	if dbErr == nil {
 		return dbURL
@@ -48,11 +57,58 @@ func URL(t testing.TB) string {
 	return ""
 }
 
-// Exec runs one statement on a connection of its own and returns the rows
-// it affected.
-func Exec(t testing.TB, sql string, args ...any) int64 {
+// Schema creates an empty schema in the test database, dropped when the
+// test ends, and returns the database's URL with that schema as its
+// search_path: migrations and stores opened with it see only that schema.
+func Schema(t testing.TB) string {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), URL(t))
+	base := URL(t)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idemproxy_test_" + hex.EncodeToString(b)
+	Exec(t, base, "CREATE SCHEMA "+name)
+	t.Cleanup(func() { Exec(t, base, "DROP SCHEMA "+name+" CASCADE") })
+	if !strings.Contains(base, "://") {
+		return base + " search_path=" + name
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Faultnet puts a network proxy whose faults the test controls between
+// the test and the database at dbURL, and returns it with the URL that
+// goes through it. It is closed when the test ends. The test is skipped
+// when dbURL names no TCP host or is not in URL form.
+func Faultnet(t testing.TB, dbURL string) (*faultnet.Proxy, string) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Host == "" || strings.HasPrefix(cfg.Host, "/") {
+		t.Skipf("the outage tests need a TCP TEST_DATABASE_URL, got host %q", cfg.Host)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil || u.Scheme == "" {
+		t.Skip("the outage tests need TEST_DATABASE_URL in URL form")
+	}
+	fn := faultnet.New(net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
+	t.Cleanup(fn.Close)
+	u.Host = fn.Addr()
+	return fn, u.String()
+}
+
+// Exec runs one statement against dbURL on a connection of its own, apart
+// from any store's pool, and returns the rows it affected.
+func Exec(t testing.TB, dbURL, sql string, args ...any) int64 {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -64,27 +120,35 @@ func Exec(t testing.TB, sql string, args ...any) int64 {
 	return tag.RowsAffected()
 }
 
-// Count returns how many rows a tenant has in idempotency_keys.
-func Count(t testing.TB, tenant any) int {
+// Query runs a query returning one value against dbURL on a connection
+// of its own.
+func Query[T any](t testing.TB, dbURL, sql string, args ...any) T {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), URL(t))
+	conn, err := pgx.Connect(context.Background(), dbURL)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(context.Background())
-	var n int
-	if err := conn.QueryRow(context.Background(),
-		`SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, tenant).Scan(&n); err != nil {
-		t.Fatalf("count: %v", err)
+	var v T
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
-	return n
+	return v
 }
 
-// Age moves every timestamp of a tenant's rows d into the past, as if d
-// had passed on the database's clock.
+// Count returns how many rows a tenant has in the test database's
+// idempotency_keys.
+func Count(t testing.TB, tenant any) int {
+	t.Helper()
+	return Query[int](t, URL(t), `SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, tenant)
+}
+
+// Age moves every timestamp of a tenant's rows in the test database's
+// idempotency_keys d into the past (to the microsecond), as if d had
+// passed on the database's clock.
 func Age(t testing.TB, tenant any, d time.Duration) {
 	t.Helper()
-	Exec(t, `UPDATE idempotency_keys SET
+	Exec(t, URL(t), `UPDATE idempotency_keys SET
 		created_at = created_at - $2::bigint * interval '1 microsecond',
 		lease_expires_at = lease_expires_at - $2::bigint * interval '1 microsecond',
 		expires_at = expires_at - $2::bigint * interval '1 microsecond'

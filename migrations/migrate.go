@@ -1,4 +1,4 @@
-package store
+package migrations
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/migrations"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
 // migratePingTimeout bounds Migrate's first contact with the database.
@@ -33,6 +33,13 @@ const (
 	legacyVersionTable = goose.DefaultTablename
 	legacyVersion      = 1
 )
+
+// legacyColumns are the columns of idempotency_keys that migration 00001
+// creates: a table migrated through legacyVersionTable has every one.
+var legacyColumns = []string{
+	"tenant_id", "key", "command_id", "command_type", "state", "owner_token", "fingerprint",
+	"created_at", "lease_expires_at", "expires_at", "status", "resp_headers", "resp_body", "resp_truncated",
+}
 
 // migrationLockID is the advisory lock that serialises idemproxy's
 // migrations (the crc64-ECMA of "idemproxy"); it is not goose's default,
@@ -58,14 +65,14 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	switch direction {
 	case "up", "down", "status":
 	default:
-		return fmt.Errorf("store: migrate: unknown direction %q (want up, down or status)", direction)
+		return fmt.Errorf("migrations: migrate: unknown direction %q (want up, down or status)", direction)
 	}
 	if out == nil {
 		out = io.Discard
 	}
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("store: migrate: %w", urlError(databaseURL, err))
+		return fmt.Errorf("migrations: migrate: %w", pgerr.URLError(databaseURL, err))
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "idemproxy-migrate"
@@ -77,20 +84,20 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	err = db.PingContext(pctx)
 	cancel()
 	if err != nil {
-		return failure("migrate", err)
+		return pgerr.Failure("migrate", err)
 	}
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 300))
 	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
+		return fmt.Errorf("migrations: migrate: %w", err)
 	}
 	if err := adoptLegacyVersion(ctx, db, locker, out); err != nil {
 		return migrateFailure("migrate: recognising an earlier install", err)
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS,
 		goose.WithTableName(VersionTable),
 		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
-		return fmt.Errorf("store: migrate: %w", err)
+		return fmt.Errorf("migrations: migrate: %w", err)
 	}
 
 	switch direction {
@@ -136,7 +143,7 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", s.Source.Version, s.State, applied, s.Source.Path)
 		}
 		if err := tw.Flush(); err != nil {
-			return fmt.Errorf("store: migrate status: %w", err)
+			return fmt.Errorf("migrations: migrate status: %w", err)
 		}
 	}
 	return nil
@@ -154,18 +161,18 @@ func printResult(out io.Writer, r *goose.MigrationResult) {
 // one as an *idemproxy.MisconfiguredError, any other as a failed
 // migration (the driver's error as text only).
 func migrateFailure(what string, err error) error {
-	if reason := permanentReason(err); reason != "" {
+	if reason := pgerr.PermanentReason(err); reason != "" {
 		return idemproxy.Misconfigured(reason, fmt.Errorf("postgres %s: %v", what, err))
 	}
-	return fmt.Errorf("store: %s: %v", what, err)
+	return fmt.Errorf("migrations: %s: %v", what, err)
 }
 
 // adoptLegacyVersion recognises an install migrated while idemproxy still
 // recorded its migrations in goose_db_version, and records that migration
 // in VersionTable too, so that goose does not run it again. It does so
 // only when VersionTable records nothing yet, goose_db_version records
-// migration 00001 as applied, and idempotency_keys has every column the
-// store uses, all in the schema goose uses (current_schema()). A
+// migration 00001 as applied, and idempotency_keys has every column
+// 00001 creates, all in the schema goose uses (current_schema()). A
 // goose_db_version of the host application's is thus left alone; neither
 // is ever changed. It holds the migrations' lock, taken as goose takes it
 // (polling, with no transaction open while it waits: a transaction waiting
@@ -220,11 +227,14 @@ func adoptLegacyVersion(ctx context.Context, db *sql.DB, locker lock.SessionLock
 	if err != nil {
 		return err
 	}
-	var missing int
-	if err := tx.QueryRowContext(ctx, `SELECT cardinality(`+missingColumns+`)`, schemaColumns).Scan(&missing); err != nil {
+	var present int
+	err = tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_attribute
+		WHERE attrelid = to_regclass(quote_ident(current_schema()) || '.idempotency_keys')
+			AND attname = ANY($1) AND attnum > 0 AND NOT attisdropped`, legacyColumns).Scan(&present)
+	if err != nil {
 		return err
 	}
-	if missing > 0 {
+	if present < len(legacyColumns) {
 		return nil
 	}
 
