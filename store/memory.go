@@ -37,6 +37,14 @@ type MemoryOptions struct {
 	// claim past it fails with idemproxy.ErrFullTenant, and other
 	// tenants are not affected. Zero means no per-tenant bound.
 	TenantMaxEntries int
+	// LockGrace is how long the background sweeper keeps a lock whose
+	// lease ended. Such a lock counts as absent for Claim, Lookup and List
+	// at once; it is kept so that its owner's late Complete or Release
+	// still lands if nobody claimed the key since (the Store contract).
+	// A bound that is reached reclaims lapsed locks at once: under that
+	// pressure a late completion is refused (ErrNotOwner). Zero means one
+	// minute.
+	LockGrace time.Duration
 	// SweepInterval is how often expired entries are removed in the
 	// background. Zero means one minute; negative disables the sweeper
 	// (expired entries are then reclaimed only when a shard is full).
@@ -53,6 +61,7 @@ type Memory struct {
 	perShard int
 	seed     maphash.Seed
 	now      func() time.Time
+	grace    int64 // LockGrace in ns
 	stop     chan struct{}
 	done     chan struct{}
 	once     sync.Once
@@ -162,6 +171,9 @@ func NewMemory(opts MemoryOptions) *Memory {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 256 << 20
 	}
+	if opts.LockGrace <= 0 {
+		opts.LockGrace = time.Minute
+	}
 	// One shard per 4096 entries, up to 64, so small bounds stay exact.
 	n := 1
 	for n < 64 && n*4096 < opts.MaxEntries {
@@ -172,6 +184,7 @@ func NewMemory(opts MemoryOptions) *Memory {
 		perShard:  (opts.MaxEntries + n - 1) / n,
 		seed:      maphash.MakeSeed(),
 		now:       opts.Now,
+		grace:     int64(opts.LockGrace),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 		maxBytes:  opts.MaxBytes,
@@ -208,27 +221,33 @@ func (m *Memory) sweeper(every time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
-			m.sweepAll()
+			m.sweepAll(m.grace)
 		}
 	}
 }
 
-// sweepAll sweeps every shard in turn.
-func (m *Memory) sweepAll() {
+// sweepAll sweeps every shard in turn, keeping lapsed locks for grace.
+func (m *Memory) sweepAll(grace int64) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		m.sweep(sh, m.now().UnixNano())
+		m.sweep(sh, m.now().UnixNano(), grace)
 		sh.mu.Unlock()
 	}
 }
 
-// sweep deletes the shard's expired entries and recomputes earliest. The
-// caller holds sh.mu.
-func (m *Memory) sweep(sh *memShard, now int64) (freed int) {
+// sweep deletes the shard's records past their expiry and its locks
+// grace after their lease ended, and recomputes earliest. The background
+// sweeper keeps lapsed locks for LockGrace; a bound that is reached
+// reclaims them at once (grace 0). The caller holds sh.mu.
+func (m *Memory) sweep(sh *memShard, now, grace int64) (freed int) {
 	earliest := int64(1<<63 - 1)
 	for k, e := range sh.m {
-		if e.expires <= now {
+		end := e.expires
+		if e.state == idemproxy.StateInFlight {
+			end += grace
+		}
+		if end <= now {
 			m.drop(sh, k, e)
 			freed++
 			continue
@@ -338,7 +357,7 @@ func (m *Memory) Claim(_ context.Context, c idemproxy.Claim) (idemproxy.ClaimRes
 	res, err := m.claim(c, now)
 	if err == idemproxy.ErrFullBytes || err == idemproxy.ErrFullTenant {
 		if last := m.lastSweep.Load(); now-last >= int64(time.Second) && m.lastSweep.CompareAndSwap(last, now) {
-			m.sweepAll()
+			m.sweepAll(0)
 			res, err = m.claim(c, now)
 		}
 	}
@@ -356,7 +375,7 @@ func (m *Memory) claim(c idemproxy.Claim, now int64) (idemproxy.ClaimResult, err
 		}
 		m.drop(sh, k, e)
 	} else if len(sh.m) >= m.perShard {
-		if now < sh.earliest || m.sweep(sh, now) == 0 {
+		if now < sh.earliest || m.sweep(sh, now, 0) == 0 {
 			return idemproxy.ClaimResult{}, idemproxy.ErrFullEntries
 		}
 	}

@@ -103,23 +103,46 @@ func TestMemoryBoundedUnderFlood(t *testing.T) {
 	}
 }
 
+// TestMemorySweeperRemovesExpired: the sweeper removes records past their
+// expiry, and locks LockGrace after their lease ended — not before, so
+// that a lapsed lock nobody claimed still completes for its owner.
 func TestMemorySweeperRemovesExpired(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
-	m := store.NewMemory(store.MemoryOptions{Now: clock.Now, SweepInterval: time.Millisecond})
+	m := store.NewMemory(store.MemoryOptions{Now: clock.Now, SweepInterval: time.Millisecond, LockGrace: time.Minute})
 	defer m.Close()
-	tenant := uuid.New()
-	for i := range 100 {
-		if _, err := m.Claim(context.Background(), claimOf(tenant, fmt.Sprint(i), time.Second)); err != nil {
+	ctx, tenant := context.Background(), uuid.New()
+	claims := make([]idemproxy.Claim, 100)
+	for i := range claims {
+		claims[i] = claimOf(tenant, fmt.Sprint(i), time.Second)
+		if _, err := m.Claim(ctx, claims[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	clock.Advance(2 * time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for m.Len() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("sweeper left %d expired entries", m.Len())
+	waitLen := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for m.Len() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the sweeper left %d entries, want %d", m.Len(), want)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
+	}
+	// Half become records that end in 10s; the other half stay locks.
+	for _, c := range claims[:50] {
+		if err := m.Complete(ctx, idemproxy.Completion{Tenant: tenant, Key: c.Key, Owner: c.Owner, Status: 201, TTL: 10 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(11 * time.Second) // records expired, leases ended, within the grace
+	waitLen(50)
+	if err := m.Complete(ctx, idemproxy.Completion{Tenant: tenant, Key: claims[50].Key, Owner: claims[50].Owner, Status: 201, TTL: time.Hour}); err != nil {
+		t.Fatalf("a lapsed lock nobody claimed does not complete for its owner after a sweep: %v", err)
+	}
+	clock.Advance(time.Minute) // past the grace: the 49 lapsed locks go
+	waitLen(1)
+	if err := m.Release(ctx, tenant, claims[51].Key, claims[51].Owner); !errors.Is(err, idemproxy.ErrNotOwner) {
+		t.Fatalf("Release of a swept lock: got %v, want ErrNotOwner", err)
 	}
 }
 
