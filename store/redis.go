@@ -472,14 +472,14 @@ func maxmemoryPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
 			}
 		}
 	}
-	if infoErr != nil && !redisRefused(infoErr) {
+	if infoErr != nil && !redis.IsPermissionError(infoErr) {
 		return "", redisFailure("check", infoErr)
 	}
 	cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err == nil && cfg["maxmemory-policy"] != "" {
 		return cfg["maxmemory-policy"], nil
 	}
-	if err != nil && !redisRefused(err) {
+	if err != nil && !redis.IsPermissionError(err) {
 		return "", redisFailure("check", err)
 	}
 	return "", fmt.Errorf("store: redis maxmemory-policy cannot be read (INFO memory: %v; CONFIG GET maxmemory-policy: %v): "+
