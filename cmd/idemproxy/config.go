@@ -25,7 +25,7 @@ type Config struct {
 	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
 	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
-	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory or postgres"`
+	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
 	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
 	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
 
@@ -33,9 +33,14 @@ type Config struct {
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
-	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres round trip (0 disables)"`
-	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking Postgres again"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
+	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking the store again"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
+
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
 
 	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," desc:"ordered list of header, jwt"`
 	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
@@ -134,8 +139,12 @@ func (c Config) validate() error {
 		if c.DatabaseURL == "" {
 			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
 		}
+	case "redis":
+		if c.RedisURL == "" {
+			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
+		}
 	default:
-		bad("IDEMPROXY_STORE", "must be memory or postgres, got %q", c.Store)
+		bad("IDEMPROXY_STORE", "must be memory, postgres or redis, got %q", c.Store)
 	}
 	switch proxy.Mode(c.Mode) {
 	case proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay:
@@ -207,6 +216,12 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 10000 {
 		bad("IDEMPROXY_DB_MAX_CONNS", "must be between 1 and 10000, got %d", c.DBMaxConns)
+	}
+	if c.RedisPoolSize < 1 || c.RedisPoolSize > 10000 {
+		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be between 1 and 10000, got %d", c.RedisPoolSize)
+	}
+	if c.RedisWaitReplicas < 0 {
+		bad("IDEMPROXY_REDIS_WAIT_REPLICAS", "must not be negative, got %d", c.RedisWaitReplicas)
 	}
 	if c.DBStatementTimeout < time.Millisecond {
 		bad("IDEMPROXY_DB_STATEMENT_TIMEOUT", "must be at least 1ms, got %s", c.DBStatementTimeout)

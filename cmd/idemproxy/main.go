@@ -157,7 +157,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
 	}
 	metrics := proxy.NewMetrics(reg)
-	if cfg.Store == "postgres" {
+	if cfg.Store == "postgres" || cfg.Store == "redis" {
 		st = proxy.CacheRecords(st, proxy.RecordCacheOptions{
 			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
@@ -250,6 +250,8 @@ func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 		return m, func() { m.Close() }, nil
 	case "postgres":
 		return openPostgres(ctx, cfg, log)
+	case "redis":
+		return openRedis(ctx, cfg, log)
 	default:
 		return nil, nil, fmt.Errorf("IDEMPROXY_STORE=%s is not available in this build", cfg.Store)
 	}
