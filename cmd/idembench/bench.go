@@ -28,6 +28,12 @@ const (
 	targetBare     = "bare"
 	targetMemory   = "idemproxy-memory"
 	targetPostgres = "idemproxy-postgres"
+	// targetRedis is idemproxy on the Redis store with the record cache,
+	// as cmd/idemproxy runs it; targetRedisNoCache the same without the
+	// cache, so that every replay is a Redis round trip. Only with
+	// -redis-url.
+	targetRedis        = "idemproxy-redis"
+	targetRedisNoCache = "idemproxy-redis-nocache"
 	// targetStorePostgres is the Postgres store called directly, without
 	// HTTP, next to pgbench; it is not one of the -targets.
 	targetStorePostgres = "store-postgres"
@@ -42,7 +48,7 @@ const (
 )
 
 var (
-	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres}
+	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres, targetRedis, targetRedisNoCache}
 	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
 )
 
@@ -68,6 +74,10 @@ type options struct {
 	DBMaxConns     int32
 	PgBench        string
 	PgBenchThreads int
+
+	RedisURL      string
+	RedisCluster  bool
+	RedisPoolSize int
 
 	MemoryMaxEntries int
 	MemoryRecords    int
@@ -103,6 +113,9 @@ func (o options) validate() error {
 	}
 	if slices.Contains(o.Targets, targetPostgres) && o.DatabaseURL == "" {
 		return errors.New("target idemproxy-postgres needs -database-url")
+	}
+	if (slices.Contains(o.Targets, targetRedis) || slices.Contains(o.Targets, targetRedisNoCache)) && o.RedisURL == "" {
+		return errors.New("targets idemproxy-redis and idemproxy-redis-nocache need -redis-url")
 	}
 	return nil
 }

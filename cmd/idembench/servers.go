@@ -216,6 +216,22 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
+		case targetRedis, targetRedisNoCache:
+			rd, closeRedis, err := openRedis(ctx, opts, progress)
+			if err != nil {
+				return nil, err
+			}
+			e.closes = append(e.closes, closeRedis)
+			var st proxy.Store = rd
+			if name == targetRedis {
+				st = proxy.CacheRecords(rd, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
+			}
+			s, err := serveIdemproxy(name, upURL, st, resolver, logger)
+			if err != nil {
+				return nil, err
+			}
+			e.closes = append(e.closes, s.close)
+			add(name, s.url)
 		default:
 			return nil, fmt.Errorf("unknown target %q", name)
 		}
