@@ -59,14 +59,18 @@ func redisHarness(t *testing.T, opts RedisOptions) harness {
 
 func TestRedisContract(t *testing.T) {
 	url := redistest.SharedURL(t)
-	testStore(t, func(t *testing.T) harness { return redisHarness(t, RedisOptions{URL: url}) })
+	for _, ap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("autopipeline=%v", ap), func(t *testing.T) {
+			testStore(t, func(t *testing.T) harness { return redisHarness(t, RedisOptions{URL: url, AutoPipeline: ap}) })
+		})
+	}
 }
 
 func TestRedisClusterContract(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t)
 	testStore(t, func(t *testing.T) harness {
-		return redisHarness(t, RedisOptions{URL: cluster.URL(), Cluster: true})
+		return redisHarness(t, RedisOptions{URL: cluster.URL(), Cluster: true, AutoPipeline: true})
 	})
 
 	t.Run("one tenant's keys spread over every master", func(t *testing.T) {
@@ -172,14 +176,18 @@ func commandCalls(t *testing.T, s *redistest.Server, name string) int {
 // script whole (EVAL) when EVALSHA meets NOSCRIPT.
 func TestRedisScriptFlush(t *testing.T) {
 	t.Parallel()
-	for _, wait := range []int{0, 1} {
-		t.Run(fmt.Sprintf("waiting for %d replicas", wait), func(t *testing.T) {
+	for _, tc := range []struct {
+		wait int
+		ap   bool
+	}{{0, false}, {0, true}, {1, false}} {
+		wait := tc.wait
+		t.Run(fmt.Sprintf("waiting for %d replicas, autopipeline=%v", wait, tc.ap), func(t *testing.T) {
 			srv := redistest.StartServer(t, "--repl-diskless-sync-delay", "0")
 			if wait > 0 {
 				replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(srv.Port))
 				waitReplicated(t, srv, replica)
 			}
-			r := newTestRedis(t, RedisOptions{URL: srv.URL(), WaitReplicas: wait})
+			r := newTestRedis(t, RedisOptions{URL: srv.URL(), WaitReplicas: wait, AutoPipeline: tc.ap})
 			tenant := uuid.New()
 			c := newClaim(tenant, "order-1", "a")
 			mustClaim(t, r, c)
@@ -414,8 +422,18 @@ func redisOps(r *Redis, c idemproxy.Claim) map[string]func(context.Context) erro
 // by itself once Redis is back.
 func TestRedisOutage(t *testing.T) {
 	t.Parallel()
+	for _, ap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("autopipeline=%v", ap), func(t *testing.T) {
+			t.Parallel()
+			testRedisOutage(t, RedisOptions{OpTimeout: 300 * time.Millisecond, AutoPipeline: ap})
+		})
+	}
+}
+
+func testRedisOutage(t *testing.T, opts RedisOptions) {
 	srv := redistest.StartServer(t)
-	r := newTestRedis(t, RedisOptions{URL: srv.URL(), OpTimeout: 300 * time.Millisecond})
+	opts.URL = srv.URL()
+	r := newTestRedis(t, opts)
 	tenant := uuid.New()
 	healthy := func(key string) {
 		t.Helper()

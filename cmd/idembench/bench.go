@@ -78,6 +78,7 @@ type options struct {
 	RedisURL      string
 	RedisCluster  bool
 	RedisPoolSize int
+	RedisPipeline bool
 
 	MemoryMaxEntries int
 	MemoryRecords    int

@@ -17,7 +17,7 @@ import (
 func openRedis(ctx context.Context, opts options, progress io.Writer) (*store.Redis, func(), error) {
 	prefix := "idembench-" + randomHex(6) + ":"
 	rd, err := store.NewRedis(store.RedisOptions{
-		URL: opts.RedisURL, Cluster: opts.RedisCluster, Prefix: prefix, PoolSize: opts.RedisPoolSize,
+		URL: opts.RedisURL, Cluster: opts.RedisCluster, Prefix: prefix, PoolSize: opts.RedisPoolSize, AutoPipeline: opts.RedisPipeline,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -26,7 +26,7 @@ func openRedis(ctx context.Context, opts options, progress io.Writer) (*store.Re
 		rd.Close()
 		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
-	fmt.Fprintf(progress, "redis: keys under %s (deleted at the end), pool of %d connections per node\n", prefix, opts.RedisPoolSize)
+	fmt.Fprintf(progress, "redis: keys under %s (deleted at the end), pool of %d connections per node, autopipelining %v\n", prefix, opts.RedisPoolSize, opts.RedisPipeline)
 	return rd, func() {
 		rd.Close()
 		if err := deleteRedisPrefix(opts, prefix); err != nil {

@@ -58,6 +58,7 @@ func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 		OpTimeout:    cfg.StoreTimeout,
 		PoolSize:     cfg.RedisPoolSize,
 		WaitReplicas: cfg.RedisWaitReplicas,
+		AutoPipeline: cfg.RedisAutoPipeline,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("IDEMPROXY_REDIS_URL: %w", err)

@@ -24,13 +24,15 @@ func TestRedisConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.RedisCluster || cfg.RedisPoolSize != 20 || cfg.RedisWaitReplicas != 0 {
-		t.Errorf("defaults: cluster %v, pool %d, wait for %d replicas", cfg.RedisCluster, cfg.RedisPoolSize, cfg.RedisWaitReplicas)
+	if cfg.RedisCluster || cfg.RedisPoolSize != 20 || cfg.RedisWaitReplicas != 0 || !cfg.RedisAutoPipeline {
+		t.Errorf("defaults: cluster %v, pool %d, wait for %d replicas, autopipeline %v",
+			cfg.RedisCluster, cfg.RedisPoolSize, cfg.RedisWaitReplicas, cfg.RedisAutoPipeline)
 	}
 	for name, value := range map[string]string{
 		"IDEMPROXY_REDIS_CLUSTER":       "perhaps",
 		"IDEMPROXY_REDIS_POOL_SIZE":     "0",
 		"IDEMPROXY_REDIS_WAIT_REPLICAS": "-1",
+		"IDEMPROXY_REDIS_AUTOPIPELINE":  "sometimes",
 	} {
 		env := map[string]string{name: value, "IDEMPROXY_STORE": "redis", "IDEMPROXY_REDIS_URL": "redis://127.0.0.1:1/0"}
 		for k, v := range base {
@@ -43,7 +45,7 @@ func TestRedisConfig(t *testing.T) {
 }
 
 func testRedisConfig(url string) Config {
-	return Config{Store: "redis", RedisURL: url, RedisPoolSize: 4, StoreTimeout: time.Second}
+	return Config{Store: "redis", RedisURL: url, RedisPoolSize: 4, StoreTimeout: time.Second, RedisAutoPipeline: true}
 }
 
 // TestOpenRedisRefuses: a server that may evict keys, or that refuses the
