@@ -142,8 +142,8 @@ type measurement struct {
 	// the run, the priming request included.
 	UpstreamCalls int64 `json:"upstream_calls"`
 	// CPUUsPerReq is this process's CPU time (load generator, upstream
-	// and target together; a Postgres server's is not included) per
-	// request, in microseconds. Other processes on the machine do not
+	// and target together; a Postgres server's is not included, a Redis
+	// server's is) per request, in microseconds. Other processes on the machine do not
 	// change it the way they change req/s.
 	CPUUsPerReq float64 `json:"cpu_us_per_req"`
 }
@@ -283,7 +283,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 	defer stop()
 
 	latencies := make([]time.Duration, 0, 1<<16)
-	cpuStart := processCPU()
+	cpuStart := processCPU() + t.storeCPU()
 	start := time.Now()
 	// The load generator's goroutines carry part=loadgen in a CPU profile.
 	pprof.Do(ctx, pprof.Labels("part", "loadgen"), func(context.Context) {
@@ -299,7 +299,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 		}
 	})
 	elapsed := time.Since(start)
-	cpu := processCPU() - cpuStart
+	cpu := processCPU() + t.storeCPU() - cpuStart
 	if err := ctx.Err(); err != nil {
 		return m, err
 	}
