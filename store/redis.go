@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -52,6 +53,10 @@ type RedisOptions struct {
 	// whose reply was lost may, and every script is safe to run again.
 	// Not used with WaitReplicas.
 	AutoPipeline bool
+	// Logger receives go-redis's own messages (dial failures, reconnects)
+	// as warnings. go-redis keeps one logger per process, so the last store
+	// opened with a Logger sets it; nil leaves go-redis's (standard error).
+	Logger *slog.Logger
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// (Redis WAIT, on the same connection) until that many replicas have
 	// acknowledged it; a write acknowledged by fewer fails with
@@ -132,6 +137,9 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	if opts.WaitReplicas < 0 {
 		return nil, fmt.Errorf("store: redis replicas to wait for must not be negative, got %d", opts.WaitReplicas)
 	}
+	if opts.Logger != nil {
+		redis.SetLogger(redisLog{opts.Logger})
+	}
 	r := &Redis{
 		prefix:       opts.Prefix,
 		opTimeout:    opts.OpTimeout,
@@ -178,6 +186,13 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 		r.pipeline = ap
 	}
 	return r, nil
+}
+
+// redisLog passes go-redis's messages to a slog.Logger.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "message", fmt.Sprintf(format, v...))
 }
 
 // redactURLError keeps a URL parse error from echoing the URL, which may

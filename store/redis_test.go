@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -552,5 +554,39 @@ func TestRedisOptions(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("%s: got %v, want an error about the %s that does not echo the password", tc.name, err, tc.want)
 		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRedisLogger: go-redis's own messages (here, failed dials) reach the
+// store's logger as structured warnings instead of standard error.
+func TestRedisLogger(t *testing.T) {
+	srv := redistest.StartServer(t)
+	srv.Stop()
+	var buf lockedBuffer
+	r := newTestRedis(t, RedisOptions{URL: srv.URL(), OpTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+	if err := r.Ping(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Fatalf("Ping with Redis down: %v", err)
+	}
+	if !strings.Contains(buf.String(), `"level":"WARN","msg":"redis client"`) {
+		t.Errorf("go-redis's dial failure did not reach the logger; it logged %q", buf.String())
 	}
 }

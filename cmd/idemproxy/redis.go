@@ -59,6 +59,7 @@ func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 		PoolSize:     cfg.RedisPoolSize,
 		WaitReplicas: cfg.RedisWaitReplicas,
 		AutoPipeline: cfg.RedisAutoPipeline,
+		Logger:       log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("IDEMPROXY_REDIS_URL: %w", err)
