@@ -189,7 +189,7 @@ func TestRedisScriptFlush(t *testing.T) {
 				replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(srv.Port))
 				waitReplicated(t, srv, replica)
 			}
-			r := newTestRedis(t, RedisOptions{URL: srv.URL(), WaitReplicas: wait, AutoPipeline: tc.ap})
+			r := newTestRedis(t, RedisOptions{URL: srv.URL(), WaitReplicas: wait, AutoPipeline: tc.ap, OpTimeout: 5 * time.Second})
 			tenant := uuid.New()
 			c := newClaim(tenant, "order-1", "a")
 			mustClaim(t, r, c)
@@ -254,7 +254,8 @@ func TestRedisWaitReplicas(t *testing.T) {
 	primary := redistest.StartServer(t, "--repl-diskless-sync-delay", "0")
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
 	waitReplicated(t, primary, replica)
-	r := newTestRedis(t, RedisOptions{URL: primary.URL(), WaitReplicas: 1, OpTimeout: time.Second})
+	// WAIT gets half the operation timeout: ample, on a busy machine too.
+	r := newTestRedis(t, RedisOptions{URL: primary.URL(), WaitReplicas: 1, OpTimeout: 4 * time.Second})
 	c := newClaim(uuid.New(), "order-1", "a")
 	mustClaim(t, r, c)
 	if got := replica.Do("", "HGET", r.key(c.Tenant, c.Key), "s"); got != "l" {
