@@ -151,17 +151,20 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	// on a broken connection: the claim script treats a rerun by the same
 	// owner as its own claim, and a rerun completion or release reports
 	// ErrNotOwner, which the proxy resolves with a lookup.
+	tune := func(ctxTimeout *bool, dial, read, write, wait *time.Duration, retries, poolSize *int) {
+		*ctxTimeout = true
+		*dial, *read, *write, *wait = opts.OpTimeout, opts.OpTimeout, opts.OpTimeout, opts.OpTimeout
+		*retries = 1
+		if opts.PoolSize > 0 {
+			*poolSize = opts.PoolSize
+		}
+	}
 	if opts.Cluster {
 		co, err := redis.ParseClusterURL(opts.URL)
 		if err != nil {
 			return nil, fmt.Errorf("store: redis cluster url: %v", redactURLError(err))
 		}
-		co.ContextTimeoutEnabled = true
-		co.DialTimeout, co.ReadTimeout, co.WriteTimeout, co.PoolTimeout = opts.OpTimeout, opts.OpTimeout, opts.OpTimeout, opts.OpTimeout
-		co.MaxRetries = 1
-		if opts.PoolSize > 0 {
-			co.PoolSize = opts.PoolSize
-		}
+		tune(&co.ContextTimeoutEnabled, &co.DialTimeout, &co.ReadTimeout, &co.WriteTimeout, &co.PoolTimeout, &co.MaxRetries, &co.PoolSize)
 		r.cluster = redis.NewClusterClient(co)
 		r.c = r.cluster
 	} else {
@@ -169,12 +172,7 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 		if err != nil {
 			return nil, fmt.Errorf("store: redis url: %v", redactURLError(err))
 		}
-		o.ContextTimeoutEnabled = true
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = opts.OpTimeout, opts.OpTimeout, opts.OpTimeout, opts.OpTimeout
-		o.MaxRetries = 1
-		if opts.PoolSize > 0 {
-			o.PoolSize = opts.PoolSize
-		}
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.MaxRetries, &o.PoolSize)
 		r.c = redis.NewClient(o)
 	}
 	if opts.AutoPipeline && opts.WaitReplicas == 0 {

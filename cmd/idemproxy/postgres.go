@@ -103,9 +103,21 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Stor
 	return s, closeStore, nil
 }
 
-// migrateLater retries the migrations until they are applied or ctx ends,
-// waiting longer after each failure, up to 30 seconds.
+// migrateLater retries the migrations until they are applied or ctx ends.
 func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slog.Logger) {
+	retryLater(ctx, log, "postgres migrations still not applied; retrying", func(ctx context.Context) error {
+		return store.Migrate(ctx, databaseURL, "up", migrationLog{log})
+	})
+	if ctx.Err() == nil {
+		s.pending.Store(false)
+		log.Info("postgres migrations applied; the store is ready")
+	}
+}
+
+// retryLater runs fn until it succeeds or ctx ends, waiting a second before
+// the first try and twice as long after each failure, up to 30 seconds;
+// each failure is logged with msg.
+func retryLater(ctx context.Context, log *slog.Logger, msg string, fn func(context.Context) error) {
 	wait := time.Second
 	for {
 		select {
@@ -113,16 +125,11 @@ func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slo
 			return
 		case <-time.After(wait):
 		}
-		err := store.Migrate(ctx, databaseURL, "up", migrationLog{log})
-		if err == nil {
-			s.pending.Store(false)
-			log.Info("postgres migrations applied; the store is ready")
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil {
 			return
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Error("postgres migrations still not applied; retrying", "error", err, "retry_in", wait.String())
+		log.Error(msg, "error", err, "retry_in", wait.String())
 		wait = min(2*wait, 30*time.Second)
 	}
 }

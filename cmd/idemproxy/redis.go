@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -86,28 +85,13 @@ func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 	return s, closeStore, nil
 }
 
-// checkLater retries the check until it passes or ctx ends, waiting longer
-// after each failure, up to 30 seconds. A check that fails on a reachable
-// server (an evicting policy set meanwhile, say) is logged and retried,
-// so that fixing the server is enough.
+// checkLater retries the check until it passes or ctx ends. A check that
+// fails on a reachable server (an evicting policy set meanwhile, say) is
+// retried too, so that fixing the server is enough.
 func (s *redisStore) checkLater(ctx context.Context, log *slog.Logger) {
-	wait := time.Second
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		err := s.Check(ctx)
-		if err == nil {
-			s.pending.Store(false)
-			log.Info("redis checked; the store is ready")
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Error("redis check still failing; retrying", "error", err, "retry_in", wait.String())
-		wait = min(2*wait, 30*time.Second)
+	retryLater(ctx, log, "redis check still failing; retrying", s.Check)
+	if ctx.Err() == nil {
+		s.pending.Store(false)
+		log.Info("redis checked; the store is ready")
 	}
 }
