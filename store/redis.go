@@ -253,13 +253,19 @@ func hexUUID(dst []byte, u uuid.UUID) {
 // run runs a script on key, waiting for WaitReplicas replicas when wait is
 // set and the store has them.
 func (r *Redis) run(ctx context.Context, s luaScript, key string, wait bool, args ...any) (any, error) {
-	keys := []string{key}
-	if r.pipeline != nil {
+	switch {
+	case r.pipeline != nil:
 		return r.runPipelined(ctx, s, key, args)
+	case wait && r.waitReplicas > 0:
+		return r.runWaiting(ctx, s, key, args)
+	default:
+		return s.Run(ctx, r.c, []string{key}, args...).Result()
 	}
-	if !wait || r.waitReplicas == 0 {
-		return s.Run(ctx, r.c, keys, args...).Result()
-	}
+}
+
+// runWaiting sends the script and WAIT down one connection, so that WAIT
+// counts the replicas that have the script's writes.
+func (r *Redis) runWaiting(ctx context.Context, s luaScript, key string, args []any) (any, error) {
 	node := redis.Cmdable(r.c)
 	if r.cluster != nil {
 		c, err := r.cluster.MasterForKey(ctx, key)
@@ -268,28 +274,21 @@ func (r *Redis) run(ctx context.Context, s luaScript, key string, wait bool, arg
 		}
 		node = c
 	}
-	// EVALSHA and WAIT go down one connection, so WAIT counts the
-	// replicas that have this script's writes. A script missing from the
-	// server's cache (after SCRIPT FLUSH or a failover) is sent whole.
-	for _, whole := range []bool{false, true} {
-		var eval *redis.Cmd
-		var acked *redis.Cmd
+	send := func(whole bool) (any, error) {
+		var eval, acked *redis.Cmd
 		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			if whole {
-				eval = s.Eval(ctx, p, keys, args...)
+				eval = s.Eval(ctx, p, []string{key}, args...)
 			} else {
-				eval = s.EvalSha(ctx, p, keys, args...)
+				eval = s.EvalSha(ctx, p, []string{key}, args...)
 			}
 			acked = p.Do(ctx, "WAIT", r.waitReplicas, (r.opTimeout / 2).Milliseconds())
 			return nil
 		})
-		if !whole && redis.HasErrorPrefix(eval.Err(), "NOSCRIPT") {
-			continue
+		v, evalErr := eval.Result()
+		if evalErr != nil {
+			return nil, evalErr
 		}
-		if err != nil && eval.Err() == nil {
-			return nil, err
-		}
-		v, err := eval.Result()
 		if err != nil {
 			return nil, err
 		}
@@ -299,30 +298,30 @@ func (r *Redis) run(ctx context.Context, s luaScript, key string, wait bool, arg
 		}
 		return v, nil
 	}
-	panic("unreachable")
+	v, err := send(false)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// Not in the server's cache (after SCRIPT FLUSH or a failover):
+		// send it whole.
+		return send(true)
+	}
+	return v, err
 }
 
 // runPipelined runs a script on the autopipeliner, waiting for its reply
-// until ctx ends. A script missing from the server's cache is sent whole.
+// until ctx ends.
 func (r *Redis) runPipelined(ctx context.Context, s luaScript, key string, args []any) (any, error) {
-	for _, whole := range []bool{false, true} {
-		cmdArgs := make([]any, 0, 4+len(args))
-		if whole {
-			cmdArgs = append(cmdArgs, "eval", s.src, 1, key)
-		} else {
-			cmdArgs = append(cmdArgs, "evalsha", s.Hash(), 1, key)
-		}
-		cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	send := func(verb, script string) (any, error) {
+		cmd := redis.NewCmd(ctx, append([]any{verb, script, 1, key}, args...)...)
 		if err := r.pipeline.Submit(ctx, cmd).WaitContext(ctx); err != nil && ctx.Err() != nil {
 			return nil, err
 		}
-		v, err := cmd.Result()
-		if !whole && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			continue
-		}
-		return v, err
+		return cmd.Result()
 	}
-	panic("unreachable")
+	v, err := send("evalsha", s.Hash())
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return send("eval", s.src)
+	}
+	return v, err
 }
 
 // Claim locks (tenant, key) unless a live lock or record is there, in which
