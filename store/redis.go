@@ -663,15 +663,16 @@ func redisFailure(op string, err error) error {
 
 // redisTransient reports whether a server's error reply is one that passes
 // by itself: loading, a read-only replica or a cluster in failover, too
-// many clients.
+// many clients, memory full (noeviction: keys expire and free it).
 func redisTransient(err error) bool {
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsClusterDownError(err) ||
-		redis.IsTryAgainError(err) || redis.IsMasterDownError(err) || redis.IsMaxClientsError(err)
+		redis.IsTryAgainError(err) || redis.IsMasterDownError(err) || redis.IsMaxClientsError(err) ||
+		redis.IsOOMError(err)
 }
 
 // redisServerError is an error reply of the server other than a refusal of
-// credentials or a transient one — a script that an ACL stops, out of
-// memory, a key of another type. The request fails closed like with any
+// credentials or a transient one — a script that an ACL stops, a key of
+// another type. The request fails closed like with any
 // unavailable store; at start, Check reports it as permanent.
 type redisServerError struct{ op, msg string }
 

@@ -484,6 +484,9 @@ func TestRedisRefused(t *testing.T) {
 	srv.Do("secret", "ACL", "SETUSER", "nowrites", "on", ">pw", "~*", "+@read", "+@scripting", "+info")
 	srv.Do("secret", "ACL", "SETUSER", "blind", "on", ">pw", "~*", "+@all", "-info", "-config")
 	srv.Do("secret", "ACL", "SETUSER", "prefixed", "on", ">pw", "~"+prefix+"*", "+@all")
+	// The narrow ACL the README gives.
+	srv.Do("secret", "ACL", "SETUSER", "narrow", "on", ">pw", "~"+prefix+"*",
+		"+evalsha", "+eval", "+del", "+ping", "+info", "+time", "+hmget", "+hset", "+pexpire")
 	at := func(userinfo string) string { return "redis://" + userinfo + "@" + srv.Addr() + "/0" }
 	for _, tc := range []struct {
 		name, url, want string
@@ -509,12 +512,16 @@ func TestRedisRefused(t *testing.T) {
 			}
 		})
 	}
-	t.Run("user limited to the prefix", func(t *testing.T) {
-		r := newTestRedis(t, RedisOptions{URL: at("prefixed:pw"), Prefix: prefix})
-		if err := r.Check(t.Context()); err != nil {
-			t.Errorf("Check: %v", err)
-		}
-	})
+	for _, user := range []string{"prefixed", "narrow"} {
+		t.Run("user "+user, func(t *testing.T) {
+			for _, ap := range []bool{false, true} {
+				r := newTestRedis(t, RedisOptions{URL: at(user + ":pw"), Prefix: prefix, AutoPipeline: ap})
+				if err := r.Check(t.Context()); err != nil {
+					t.Errorf("Check (autopipeline %v): %v", ap, err)
+				}
+			}
+		})
+	}
 }
 
 // TestRedisMaxmemoryPolicy: Check refuses every policy that can evict a
@@ -589,5 +596,36 @@ func TestRedisLogger(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), `"level":"WARN","msg":"redis client"`) {
 		t.Errorf("go-redis's dial failure did not reach the logger; it logged %q", buf.String())
+	}
+}
+
+// TestRedisFull: a Redis out of memory (noeviction) refuses claims and
+// records with ErrUnavailable — never evicting — while lookups and
+// releases go on; it is transient, at start too, and passes once memory
+// is free.
+func TestRedisFull(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	r := newTestRedis(t, RedisOptions{URL: srv.URL()})
+	c := newClaim(uuid.New(), "order-1", "a")
+	mustClaim(t, r, c)
+	srv.Do("", "CONFIG", "SET", "maxmemory", "1")
+	if _, err := r.Claim(t.Context(), newClaim(c.Tenant, "order-2", "a")); !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Errorf("Claim with Redis full: got %v, want ErrUnavailable", err)
+	}
+	if err := r.Complete(t.Context(), completion(c, 201, nil)); !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Errorf("Complete with Redis full: got %v, want ErrUnavailable", err)
+	}
+	if err := r.Check(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {
+		t.Errorf("Check with Redis full: got %v, want ErrUnavailable (transient)", err)
+	}
+	e, err := r.Lookup(t.Context(), c.Tenant, c.Key)
+	if err != nil {
+		t.Fatalf("Lookup with Redis full: %v", err)
+	}
+	checkLock(t, e, c)
+	srv.Do("", "CONFIG", "SET", "maxmemory", "0")
+	if err := r.Complete(t.Context(), completion(c, 201, nil)); err != nil {
+		t.Errorf("Complete once memory is free: %v", err)
 	}
 }
