@@ -71,9 +71,13 @@ func TestRedisContract(t *testing.T) {
 func TestRedisClusterContract(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t)
-	testStore(t, func(t *testing.T) harness {
-		return redisHarness(t, RedisOptions{URL: cluster.URL(), Cluster: true, AutoPipeline: true})
-	})
+	for _, ap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("autopipeline=%v", ap), func(t *testing.T) {
+			testStore(t, func(t *testing.T) harness {
+				return redisHarness(t, RedisOptions{URL: cluster.URL(), Cluster: true, AutoPipeline: ap})
+			})
+		})
+	}
 
 	t.Run("one tenant's keys spread over every master", func(t *testing.T) {
 		r := newTestRedis(t, RedisOptions{URL: cluster.URL(), Cluster: true})
