@@ -213,3 +213,53 @@ func TestComposeRedisProfile(t *testing.T) {
 		}
 	}
 }
+
+// TestRunRedisOutage: with Redis gone, keyed requests are answered 503
+// with Retry-After and not forwarded, unkeyed ones pass, /readyz is not
+// ready; all of it heals by itself when Redis is back.
+func TestRunRedisOutage(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	up, calls := countingUpstream(t, nil)
+	s := startRun(t, []string{"idemproxy"}, map[string]string{
+		"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_STORE": "redis", "IDEMPROXY_REDIS_URL": srv.URL(),
+		"IDEMPROXY_STORE_TIMEOUT": "500ms",
+	})
+	tenant := uuid.NewString()
+	if got := post(t, s.proxy+"/orders", "before", tenant, "x").StatusCode; got != http.StatusCreated {
+		t.Fatalf("before the outage: status %d", got)
+	}
+	readyz := func() int {
+		resp, err := http.Get(s.admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	srv.Stop()
+	resp := post(t, s.proxy+"/orders", "during", tenant, "x")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("keyed request with Redis down: status %d, Retry-After %q; want 503 with Retry-After",
+			resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("upstream calls with Redis down: %d, want 1 (the keyed request was forwarded)", got)
+	}
+	if got := post(t, s.proxy+"/orders", "", tenant, "x").StatusCode; got != http.StatusCreated {
+		t.Errorf("unkeyed request with Redis down: status %d, want 201", got)
+	}
+	if got := readyz(); got != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with Redis down: %d, want 503", got)
+	}
+
+	srv.Start()
+	waitReady(t, s.admin)
+	if got := post(t, s.proxy+"/orders", "during", tenant, "x").StatusCode; got != http.StatusCreated {
+		t.Errorf("the refused key once Redis is back: status %d, want 201", got)
+	}
+	if got := calls.Load(); got != 3 {
+		t.Errorf("upstream calls: %d, want 3", got)
+	}
+}
