@@ -8,6 +8,7 @@ package idemproxy
 import (
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -113,6 +114,14 @@ var (
 	// ErrUnavailable wraps any failure to reach or use the store. Keyed
 	// requests fail closed with 503 when they meet it.
 	ErrUnavailable = errors.New("idempotency: store unavailable")
-	// ErrFull means a bounded store has no room for a new lock.
+	// ErrFull means a bounded store has no room for a new lock. The
+	// errors below say which bound was reached; each wraps ErrFull.
 	ErrFull = errors.New("idempotency: store full")
+	// ErrFullEntries means the store holds as many entries as it may.
+	ErrFullEntries = fmt.Errorf("%w: entry bound reached", ErrFull)
+	// ErrFullBytes means the store holds as many bytes as it may.
+	ErrFullBytes = fmt.Errorf("%w: byte bound reached", ErrFull)
+	// ErrFullTenant means the request's tenant holds as many entries as
+	// one tenant may; other tenants are not affected.
+	ErrFullTenant = fmt.Errorf("%w: the tenant's entry bound reached", ErrFull)
 )

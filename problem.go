@@ -28,6 +28,7 @@ var (
 	ProblemInvalidTenant     = ProblemType{"invalid-tenant", "Invalid tenant", http.StatusBadRequest}
 	ProblemTenantConflict    = ProblemType{"tenant-conflict", "Tenant header conflicts with token", http.StatusBadRequest}
 	ProblemInvalidBody       = ProblemType{"invalid-body", "Request body could not be read", http.StatusBadRequest}
+	ProblemBodyTimeout       = ProblemType{"body-timeout", "Request body not received in time", http.StatusRequestTimeout}
 	ProblemUnauthorized      = ProblemType{"unauthorized", "Invalid or missing bearer token", http.StatusUnauthorized}
 	ProblemNotFound          = ProblemType{"not-found", "Not found", http.StatusNotFound}
 	ProblemInProgress        = ProblemType{"in-progress", "Request in progress", http.StatusConflict}
@@ -40,6 +41,7 @@ var (
 	ProblemUpstreamTimeout   = ProblemType{"upstream-timeout", "Upstream timed out", http.StatusGatewayTimeout}
 	ProblemStoreUnavailable  = ProblemType{"store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable}
 	ProblemStoreFull         = ProblemType{"store-full", "Idempotency store full", http.StatusServiceUnavailable}
+	ProblemBufferedFull      = ProblemType{"buffered-bytes-full", "Too many request bytes buffered", http.StatusServiceUnavailable}
 )
 
 // Problem is an RFC 9457 problem detail. It is also an error, so packages

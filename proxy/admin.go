@@ -107,7 +107,7 @@ type KeyView struct {
 
 func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry, bool) {
 	q := r.URL.Query()
-	tenant, err := tenancy.ParseTenant(q.Get("tenant"))
+	tenant, err := tenancy.ParseTenantValues(q["tenant"])
 	if err != nil {
 		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant, "query parameter tenant: "+err.Error()))
 		return idemproxy.Entry{}, false

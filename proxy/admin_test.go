@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -87,5 +89,40 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 	}
 	if rec := adminDo(t, admin, http.MethodDelete, e.tenant.String(), "k", "anything"); rec.Code != http.StatusNotFound {
 		t.Fatalf("got %d, want 404 (disabled)", rec.Code)
+	}
+}
+
+// TestAdminRepeatedParameters: a tenant or key given twice with different
+// values is refused, never resolved to the first; nothing is deleted.
+func TestAdminRepeatedParameters(t *testing.T) {
+	e := newEnv(t)
+	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store, Token: "s3cret"})
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	tenant := e.tenant.String()
+	send := func(method string, q url.Values) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "/v1/keys?"+q.Encode(), nil)
+		r.Header.Set("Authorization", "Bearer s3cret")
+		rec := httptest.NewRecorder()
+		admin.ServeHTTP(rec, r)
+		return rec
+	}
+	for _, c := range []struct {
+		q    url.Values
+		slug string
+	}{
+		{url.Values{"tenant": {tenant, uuid.NewString()}, "key": {"k"}}, "invalid-tenant"},
+		{url.Values{"tenant": {uuid.NewString(), tenant}, "key": {"k"}}, "invalid-tenant"},
+		{url.Values{"tenant": {tenant}, "key": {"k", "other"}}, "invalid-key"},
+	} {
+		for _, method := range []string{http.MethodGet, http.MethodDelete} {
+			wantProblem(t, send(method, c.q).Result(), http.StatusBadRequest, c.slug)
+		}
+	}
+	if _, err := e.store.Lookup(t.Context(), e.tenant, "k"); err != nil {
+		t.Fatalf("the record is gone after refused deletes: %v", err)
+	}
+	// The same value twice counts once, as for a repeated key header.
+	if rec := send(http.MethodGet, url.Values{"tenant": {tenant, tenant}, "key": {"k"}}); rec.Code != http.StatusOK {
+		t.Fatalf("tenant repeated with one value: got %d %s", rec.Code, rec.Body)
 	}
 }

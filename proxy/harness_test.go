@@ -207,6 +207,10 @@ type req struct {
 	headers map[string]string
 }
 
+// client is http.DefaultClient that does not follow redirects: the tests
+// look at what the proxy answered.
+var client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 func (e *env) do(r req) *http.Response {
 	e.t.Helper()
 	if r.method == "" {
@@ -235,7 +239,7 @@ func (e *env) do(r req) *http.Response {
 	for k, v := range r.headers {
 		hr.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(hr)
+	resp, err := client.Do(hr)
 	if err != nil {
 		e.t.Fatalf("%s %s: %v", r.method, r.path, err)
 	}

@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -65,23 +63,28 @@ func (p *Proxy) idempotency(next http.Handler) http.Handler {
 			return
 		}
 		ri.tenant = tenant
-		body, prob := p.readBody(r)
+		body, upBody, prob := p.readBody(w, r)
 		if prob != nil {
-			p.reject(w, ri, prob)
+			p.rejectBody(w, ri, prob)
 			return
+		}
+		if upBody != nil {
+			defer upBody.Close()
 		}
 
 		// From here on the client going away changes nothing: the claim,
-		// the upstream call and the record complete regardless.
+		// the upstream call and the record complete regardless. The path
+		// is the escaped one the upstream receives: /a%2Fb is not /a/b.
 		ctx := context.WithoutCancel(r.Context())
+		path := r.URL.EscapedPath()
 		cmd := &command{
 			info: ri,
 			claim: idemproxy.Claim{
 				Tenant:      tenant,
 				Key:         key,
-				Fingerprint: Fingerprint(r.Method, r.URL.Path, r.URL.RawQuery, body),
+				Fingerprint: Fingerprint(r.Method, path, r.URL.RawQuery, body),
 				CommandID:   newCommandID(),
-				CommandType: r.Method + " " + r.URL.Path,
+				CommandType: commandType(r.Method, path),
 				Owner:       uuid.New(),
 				Lease:       p.cfg.LockTimeout,
 			},
@@ -103,25 +106,28 @@ func (p *Proxy) idempotency(next http.Handler) http.Handler {
 		ctx, cancel := context.WithTimeout(context.WithValue(ctx, commandKey{}, cmd), p.cfg.UpstreamTimeout)
 		defer cancel()
 		out := r.WithContext(ctx)
-		out.Body = newBodyReader(body)
+		out.Body = http.NoBody
+		if upBody != nil {
+			out.Body = upBody
+		}
 		out.ContentLength = int64(len(body))
 		out.TransferEncoding = nil
 		next.ServeHTTP(w, out)
 	})
 }
 
-// bodyReader replays a buffered keyed body to the upstream. It has no
-// GetBody, so net/http never resends it by itself.
-type bodyReader struct{ bytes.Reader }
+// maxCommandType bounds the command type kept with a lock or record; a
+// longer one is cut (the fingerprint still covers the whole path).
+const maxCommandType = 512
 
-func newBodyReader(b []byte) *bodyReader {
-	r := &bodyReader{}
-	r.Reset(b)
-	return r
+// commandType is "METHOD /path", at most maxCommandType bytes.
+func commandType(method, path string) string {
+	ct := method + " " + path
+	if len(ct) > maxCommandType {
+		ct = ct[:maxCommandType-3] + "..."
+	}
+	return ct
 }
-
-// Close does nothing: the body is in memory.
-func (*bodyReader) Close() error { return nil }
 
 func newCommandID() uuid.UUID {
 	id, err := uuid.NewV7()
@@ -136,31 +142,15 @@ func (p *Proxy) reject(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Probl
 	idemproxy.WriteProblem(w, prob)
 }
 
-// readBody reads a keyed body whole, up to MaxBodyBytes.
-func (p *Proxy) readBody(r *http.Request) ([]byte, *idemproxy.Problem) {
-	limit := p.cfg.MaxBodyBytes
-	tooLarge := func() *idemproxy.Problem {
-		return idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
-			fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", limit))
+// rejectBody answers a keyed body that could not be buffered: 503 when the
+// buffers are full (the client is not at fault), a 4xx otherwise.
+func (p *Proxy) rejectBody(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Problem) {
+	if prob.Type == idemproxy.ProblemBufferedFull {
+		ri.outcome = OutcomeOverloaded
+		idemproxy.WriteProblem(w, prob)
+		return
 	}
-	if r.ContentLength > limit {
-		return nil, tooLarge()
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	size := r.ContentLength
-	if size < 0 {
-		size = 512
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1))
-	if _, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
-		return nil, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body could not be read completely")
-	}
-	if int64(buf.Len()) > limit {
-		return nil, tooLarge()
-	}
-	return buf.Bytes(), nil
+	p.reject(w, ri, prob)
 }
 
 // answerExisting answers a request whose key is already locked or recorded.
@@ -222,8 +212,13 @@ func retryAfter(remaining time.Duration) int {
 func (p *Proxy) storeFailed(w http.ResponseWriter, r *http.Request, ri *reqInfo, err error) {
 	ri.outcome = OutcomeStoreUnavailable
 	typ, detail := idemproxy.ProblemStoreUnavailable, "the idempotency store cannot be reached; the request was not forwarded"
-	if errors.Is(err, idemproxy.ErrFull) {
-		typ, detail = idemproxy.ProblemStoreFull, "the idempotency store is full; the request was not forwarded"
+	switch {
+	case errors.Is(err, idemproxy.ErrFullTenant):
+		typ, detail = idemproxy.ProblemStoreFull, "this tenant holds as many keys as one tenant may (IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES); the request was not forwarded"
+	case errors.Is(err, idemproxy.ErrFullBytes):
+		typ, detail = idemproxy.ProblemStoreFull, "the idempotency store holds as many bytes as it may (IDEMPROXY_MEMORY_MAX_BYTES); the request was not forwarded"
+	case errors.Is(err, idemproxy.ErrFull):
+		typ, detail = idemproxy.ProblemStoreFull, "the idempotency store holds as many keys as it may (IDEMPROXY_MEMORY_MAX_ENTRIES); the request was not forwarded"
 	}
 	p.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.id, "error", err)
 	prob := idemproxy.NewProblem(typ, detail)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -828,4 +829,247 @@ func testCompleteAckLost(t *testing.T, st option) {
 		t.Fatal("not replayed")
 	}
 	e.wantCalls(1)
+}
+
+// TestTokenDecidesAtTheProxy: with both sources, in either order, a token
+// for one tenant and a header naming another is refused before anything
+// is claimed or forwarded; the token alone acts in its own key space.
+func TestTokenDecidesAtTheProxy(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	for _, sources := range [][]tenancy.Source{
+		{tenancy.SourceHeader, tenancy.SourceJWT},
+		{tenancy.SourceJWT, tenancy.SourceHeader},
+	} {
+		t.Run(fmt.Sprint(sources), func(t *testing.T) {
+			e := newEnv(t, withMode(proxy.ModeReplay), func(_ *env, _ *proxy.Config, tc *tenancy.Config) {
+				tc.Sources = sources
+				tc.HS256Secret = secret
+			})
+			tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+				"tenant_id": e.tenant.String(), "exp": time.Now().Add(time.Hour).Unix(),
+			}).SignedString(secret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			auth := map[string]string{"Authorization": "Bearer " + tok}
+			victim := uuid.NewString()
+			wantProblem(t, e.do(req{key: "k", tenant: victim, headers: auth}), http.StatusBadRequest, "tenant-conflict")
+			e.wantCalls(0)
+			if n := e.entries(); n != 0 {
+				t.Fatalf("store holds %d entries after a tenant conflict, want 0", n)
+			}
+			wantStatus(t, e.do(req{key: "k", tenant: "-", headers: auth}), http.StatusCreated)
+			if got := e.up.lastRequest().Header.Get("X-Tenant-ID"); got != "" {
+				t.Fatalf("upstream got X-Tenant-ID %q for a token-only request", got)
+			}
+			// Agreeing header and token: the same key space, a replay.
+			resp := e.do(req{key: "k", headers: auth})
+			if resp.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("token with an agreeing header: not a replay (%d)", resp.StatusCode)
+			}
+			e.wantCalls(1)
+		})
+	}
+}
+
+// TestEscapedPathIsTheCommand: the fingerprint and the command type use
+// the path as the upstream receives it, so /a%2Fb and /a/b are different
+// requests (the upstream routes them differently).
+func TestEscapedPathIsTheCommand(t *testing.T) { forEachStore(t, testEscapedPathIsTheCommand) }
+
+func testEscapedPathIsTheCommand(t *testing.T, st option) {
+	e := newEnv(t, st)
+	wantStatus(t, e.do(req{key: "k", path: "/accounts/a%2Fb/charge", body: "x"}), http.StatusCreated)
+	if got := e.up.lastRequest().RequestURI; got != "/accounts/a%2Fb/charge" {
+		t.Fatalf("upstream request URI: got %q", got)
+	}
+	wantProblem(t, e.do(req{key: "k", path: "/accounts/a/b/charge", body: "x"}), http.StatusUnprocessableEntity, "key-reused")
+	resp := e.do(req{key: "k", path: "/accounts/a%2Fb/charge", body: "x"})
+	if got := resp.Header.Get("Idempotency-Command-Type"); resp.Header.Get("Idempotent-Replayed") != "true" || got != "POST /accounts/a%2Fb/charge" {
+		t.Fatalf("retry: replayed %q, command type %q", resp.Header.Get("Idempotent-Replayed"), got)
+	}
+	e.wantCalls(1)
+}
+
+// TestCommandTypeBounded: a huge path is forwarded and fingerprinted
+// whole, but the command type kept with the record is bounded.
+func TestCommandTypeBounded(t *testing.T) { forEachStore(t, testCommandTypeBounded) }
+
+func testCommandTypeBounded(t *testing.T, st option) {
+	e := newEnv(t, st)
+	path := "/" + strings.Repeat("p", 60000)
+	wantStatus(t, e.do(req{key: "long", path: path}), http.StatusCreated)
+	if got := len(e.up.lastRequest().URL.Path); got != len(path) {
+		t.Fatalf("upstream path: %d bytes, want %d", got, len(path))
+	}
+	ent, err := e.store.Lookup(context.Background(), e.tenant, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ent.CommandType) > 512 || !strings.HasPrefix(ent.CommandType, "POST /ppp") {
+		t.Fatalf("stored command type: %d bytes (%.20q…), want at most 512 starting with the method and path", len(ent.CommandType), ent.CommandType)
+	}
+	// The fingerprint still covers the whole path.
+	wantProblem(t, e.do(req{key: "long", path: path[:len(path)-1] + "q"}), http.StatusUnprocessableEntity, "key-reused")
+	resp := e.do(req{key: "long", path: path})
+	if resp.Header.Get("Idempotency-Command-Type") != ent.CommandType {
+		t.Fatalf("replayed command type differs from the stored one")
+	}
+	e.wantCalls(1)
+}
+
+// TestMethodCase: method names are matched whatever their letter case, in
+// every check: a lower-case post must carry a key when POST must, and a
+// lower-case get passes through like GET.
+func TestMethodCase(t *testing.T) { forEachStore(t, testMethodCase) }
+
+func testMethodCase(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.RequireKey = []string{"POST"} })
+	for _, m := range []string{"post", "Post"} {
+		wantProblem(t, e.do(req{method: m, body: "x"}), http.StatusBadRequest, "key-required")
+	}
+	e.wantCalls(0)
+	wantStatus(t, e.do(req{method: "post", key: "k", body: "x"}), http.StatusCreated)
+	resp := e.do(req{method: "post", key: "k", body: "x"})
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("lower-case post retry: not a replay (%d)", resp.StatusCode)
+	}
+	e.wantCalls(1)
+	// get is safe like GET: no tenant needed, never deduplicated.
+	for range 2 {
+		wantStatus(t, e.do(req{method: "get", key: "g", tenant: "-"}), http.StatusCreated)
+	}
+	e.wantCalls(3)
+}
+
+// TestSuccessStatus: only the statuses in SuccessStatus make a record (2xx
+// by default); a post-redirect-get upstream answering 303 runs once when
+// 303 is listed, and every time when it is not.
+func TestSuccessStatus(t *testing.T) { forEachStore(t, testSuccessStatus) }
+
+func testSuccessStatus(t *testing.T, st option) {
+	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		seeOther := func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", "/orders/1")
+			w.WriteHeader(http.StatusSeeOther)
+		}
+		def := newEnv(t, st, withMode(mode))
+		def.up.set(seeOther)
+		for range 3 {
+			wantStatus(t, def.do(req{key: "prg"}), http.StatusSeeOther)
+		}
+		def.wantCalls(3)
+
+		set, err := proxy.ParseStatusSet("2xx,303")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.SuccessStatus = set })
+		e.up.set(seeOther)
+		wantStatus(t, e.do(req{key: "prg"}), http.StatusSeeOther)
+		for range 2 {
+			resp := e.do(req{key: "prg"})
+			e.wantReplay(resp, mode, http.StatusSeeOther)
+			if mode == proxy.ModeReplay && resp.Header.Get("Location") != "/orders/1" {
+				t.Fatalf("replayed 303 without its Location: %v", resp.Header)
+			}
+		}
+		e.wantCalls(1)
+		// A status outside the set still releases the key.
+		e.up.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusFound) })
+		for range 2 {
+			wantStatus(t, e.do(req{key: "found"}), http.StatusFound)
+		}
+		e.wantCalls(3)
+	})
+}
+
+func TestParseStatusSet(t *testing.T) {
+	set, err := proxy.ParseStatusSet(" 2XX , 303")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for code, want := range map[int]bool{200: true, 204: true, 299: true, 303: true, 302: false, 304: false, 404: false, 500: false} {
+		if set.Contains(code) != want {
+			t.Errorf("Contains(%d) = %v, want %v", code, !want, want)
+		}
+	}
+	for _, bad := range []string{"", ",", "1xx", "6xx", "2x", "199", "600", "abc", "2xx,30", "0303"} {
+		if _, err := proxy.ParseStatusSet(bad); err == nil {
+			t.Errorf("ParseStatusSet(%q) accepted", bad)
+		}
+	}
+}
+
+// TestConnectionListedHeadersReachUpstream: a client listing the key and
+// the tenant header in Connection (hop-by-hop) cannot keep them from the
+// upstream: they decided the claim.
+func TestConnectionListedHeadersReachUpstream(t *testing.T) {
+	for _, header := range []string{"X-Tenant-ID", "X-Org"} {
+		t.Run(header, func(t *testing.T) {
+			e := newEnv(t, func(_ *env, _ *proxy.Config, tc *tenancy.Config) { tc.Header = header })
+			c, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /orders HTTP/1.1\r\nHost: idemproxy\r\nIdempotency-Key: hop\r\n%s: %s\r\nConnection: Idempotency-Key, %s\r\nContent-Length: 1\r\n\r\nx",
+				header, e.tenant, header)
+			resp, err := http.ReadResponse(newConnReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantStatus(t, resp, http.StatusCreated)
+			e.wantCalls(1)
+			got := e.up.lastRequest().Header
+			if got.Get("Idempotency-Key") != "hop" || got.Get(header) != e.tenant.String() {
+				t.Fatalf("upstream headers: Idempotency-Key %q, %s %q; want both as sent", got.Get("Idempotency-Key"), header, got.Get(header))
+			}
+		})
+	}
+}
+
+// TestStoreFullNamesTheBound: each bound of the memory store is answered
+// 503 store-full naming its variable; the tenant bound leaves other
+// tenants alone.
+func TestStoreFullNamesTheBound(t *testing.T) {
+	withStore := func(opts store.MemoryOptions) option {
+		return func(e *env, c *proxy.Config, _ *tenancy.Config) {
+			opts.Now, opts.SweepInterval = e.clock.Now, -1
+			m := store.NewMemory(opts)
+			e.t.Cleanup(func() { m.Close() })
+			c.Store, e.mem = m, m
+		}
+	}
+	perEntry := int64(store.EntryOverhead + len("k0") + len("POST /orders"))
+	for _, c := range []struct {
+		name     string
+		opts     store.MemoryOptions
+		variable string
+	}{
+		{"entries", store.MemoryOptions{MaxEntries: 2}, "IDEMPROXY_MEMORY_MAX_ENTRIES"},
+		{"bytes", store.MemoryOptions{MaxBytes: 2 * perEntry}, "IDEMPROXY_MEMORY_MAX_BYTES"},
+		{"tenant", store.MemoryOptions{TenantMaxEntries: 2}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, withStore(c.opts))
+			for i := range 2 {
+				wantStatus(t, e.do(req{key: fmt.Sprint("k", i)}), http.StatusCreated)
+			}
+			resp := e.do(req{key: "k2"})
+			p := wantProblem(t, resp, http.StatusServiceUnavailable, "store-full")
+			if !strings.Contains(fmt.Sprint(p["detail"]), c.variable) || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("detail %q does not name %s, or no Retry-After", p["detail"], c.variable)
+			}
+			e.wantCalls(2)
+			other := uuid.NewString()
+			got := e.do(req{key: "k2", tenant: other})
+			if c.name == "tenant" {
+				wantStatus(t, got, http.StatusCreated)
+				e.wantCalls(3)
+			} else {
+				wantProblem(t, got, http.StatusServiceUnavailable, "store-full")
+			}
+		})
+	}
 }

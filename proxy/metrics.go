@@ -15,6 +15,8 @@ const (
 	OutcomeRejected            = "rejected"
 	OutcomeStoreUnavailable    = "store_unavailable"
 	OutcomeUpstreamError       = "upstream_error"
+	// OutcomeOverloaded: a keyed body found the buffers full (503).
+	OutcomeOverloaded = "overloaded"
 )
 
 // Metrics are the Prometheus collectors of one proxy. Their names are
@@ -26,6 +28,7 @@ type Metrics struct {
 	RecordWriteFailures prometheus.Counter
 	LockLost            prometheus.Counter
 	RecordCacheHits     prometheus.Counter
+	BufferedBytes       prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
@@ -58,16 +61,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_record_cache_hits_total",
 			Help: "Replays answered from this replica's cache of succeeded records, without a store round trip.",
 		}),
+		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_buffered_bytes",
+			Help: "Bytes of keyed request bodies buffered now, counted against IDEMPROXY_MAX_BUFFERED_BYTES.",
+		}),
 	}
 	for _, o := range []string{OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay,
-		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError} {
+		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError,
+		OutcomeOverloaded} {
 		m.Requests.WithLabelValues(o)
 	}
 	for _, op := range []string{"claim", "complete", "release", "lookup"} {
 		m.StoreDuration.WithLabelValues(op)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RecordCacheHits)
+		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RecordCacheHits,
+			m.BufferedBytes)
 	}
 	return m
 }

@@ -80,6 +80,17 @@ type Config struct {
 	RequireKey []string
 	// MaxBodyBytes is the largest keyed request body; zero means 10 MiB.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a keyed request body takes to arrive
+	// (408 past it); zero means 30s. Unkeyed bodies stream through and
+	// are not bound by it.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the bytes of keyed request bodies buffered
+	// at once over all requests (503 when full); zero means 256 MiB. It
+	// must be at least MaxBodyBytes.
+	MaxBufferedBytes int64
+	// SuccessStatus lists the upstream statuses that make a record; the
+	// lock of any other answer is released. Empty means 2xx.
+	SuccessStatus StatusSet
 	// ReplayMaxBytes caps the response body kept in replay mode; zero
 	// means 1 MiB. A larger response is recorded without its body and
 	// replays like mode noop.
@@ -99,11 +110,15 @@ type Config struct {
 
 // Proxy is the proxy listener's handler.
 type Proxy struct {
-	cfg     Config
-	log     *slog.Logger
-	metrics *Metrics
-	require map[string]bool
-	handler http.Handler
+	cfg      Config
+	log      *slog.Logger
+	metrics  *Metrics
+	require  map[string]bool
+	buffered *bodyBudget
+	// forwardAlways are the request headers the upstream gets even when
+	// the client lists them in Connection: the key and the tenant header.
+	forwardAlways []string
+	handler       http.Handler
 }
 
 var safeMethods = map[string]bool{
@@ -138,6 +153,16 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 10 << 20
 	}
+	defaultDuration(&cfg.BodyTimeout, 30*time.Second)
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = 256 << 20
+	}
+	if cfg.MaxBufferedBytes < cfg.MaxBodyBytes {
+		return nil, fmt.Errorf("proxy: max buffered bytes %d must be at least max body bytes %d", cfg.MaxBufferedBytes, cfg.MaxBodyBytes)
+	}
+	if cfg.SuccessStatus.empty() {
+		cfg.SuccessStatus, _ = ParseStatusSet("2xx")
+	}
 	if cfg.ReplayMaxBytes <= 0 {
 		cfg.ReplayMaxBytes = 1 << 20
 	}
@@ -150,7 +175,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, metrics: cfg.Metrics, require: map[string]bool{}}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, metrics: cfg.Metrics, require: map[string]bool{},
+		buffered:      &bodyBudget{max: cfg.MaxBufferedBytes, gauge: cfg.Metrics.BufferedBytes},
+		forwardAlways: []string{"Idempotency-Key", cfg.Tenancy.Header()},
+	}
 	for _, m := range cfg.RequireKey {
 		m = strings.ToUpper(strings.TrimSpace(m))
 		if m == "" {
@@ -204,13 +232,15 @@ func (p *Proxy) Close() {
 }
 
 // checked reports whether the request is subject to tenancy and
-// idempotency: a non-safe method carrying a key, or one that must.
+// idempotency: a non-safe method carrying a key, or one that must. Method
+// names are matched whatever their letter case.
 func (p *Proxy) checked(r *http.Request) bool {
-	if safeMethods[r.Method] {
+	m := strings.ToUpper(r.Method)
+	if safeMethods[m] {
 		return false
 	}
 	_, keyed := r.Header["Idempotency-Key"]
-	return keyed || p.require[r.Method]
+	return keyed || p.require[m]
 }
 
 // NewTransport returns the tuned, pooled transport used to reach the

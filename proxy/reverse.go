@@ -59,6 +59,14 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.cfg.Upstream)
 	pr.SetXForwarded()
 	h := pr.Out.Header
+	// ReverseProxy has already removed the headers the client listed in
+	// Connection; the key and the tenant decided the claim, so the
+	// upstream gets them regardless.
+	for _, name := range p.forwardAlways {
+		if v, ok := pr.In.Header[name]; ok {
+			h[name] = v
+		}
+	}
 	// Only idemproxy may tell the upstream which command this is.
 	h.Del("Idempotency-Command-Id")
 	cmd := commandFrom(pr.Out.Context())
@@ -96,7 +104,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	ctx := resp.Request.Context()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	if !p.cfg.SuccessStatus.Contains(resp.StatusCode) {
 		p.release(ctx, cmd)
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,10 +19,22 @@ import (
 // MemoryOptions configures NewMemory. The zero value is usable.
 type MemoryOptions struct {
 	// MaxEntries bounds locks plus records. When the store is full and
-	// nothing has expired, new claims fail with idemproxy.ErrFull (the
-	// proxy answers 503) rather than evicting a live record, which could
-	// let a duplicate through. Zero means 1,000,000.
+	// nothing has expired, new claims fail with idemproxy.ErrFullEntries
+	// (the proxy answers 503) rather than evicting a live record, which
+	// could let a duplicate through.
+	// Zero means 1,000,000.
 	MaxEntries int
+	// MaxBytes bounds the bytes the store holds. Each entry counts its
+	// key, its command type, its stored response (body and headers) and
+	// EntryOverhead. A claim that does not fit fails with
+	// idemproxy.ErrFullBytes; a response that does not fit is dropped, so
+	// the record replays like mode noop (a completion never fails for
+	// room: its command ran). Zero means 256 MiB.
+	MaxBytes int64
+	// TenantMaxEntries bounds the locks plus records of one tenant: a
+	// claim past it fails with idemproxy.ErrFullTenant, and other
+	// tenants are not affected. Zero means no per-tenant bound.
+	TenantMaxEntries int
 	// SweepInterval is how often expired entries are removed in the
 	// background. Zero means one minute; negative disables the sweeper
 	// (expired entries are then reclaimed only when a shard is full).
@@ -41,6 +54,26 @@ type Memory struct {
 	stop     chan struct{}
 	done     chan struct{}
 	once     sync.Once
+
+	maxBytes int64
+	bytes    atomic.Int64
+	// tenantMax is the per-tenant bound (0: none); tenants count each
+	// tenant's entries, striped to spread the locking.
+	tenantMax int
+	tenants   [16]tenantCounts
+	// lastSweep is when (store clock, ns) a bound last made every shard
+	// sweep: at most once a second.
+	lastSweep atomic.Int64
+}
+
+// EntryOverhead is what one entry counts against MaxBytes besides its
+// key, command type and response: its share of the map and its fixed
+// fields.
+const EntryOverhead = 200
+
+type tenantCounts struct {
+	mu sync.Mutex
+	n  map[uuid.UUID]int
 }
 
 type memKey struct {
@@ -69,8 +102,14 @@ type memShard struct {
 	// full shard is scanned again only when something may have expired.
 	earliest int64
 	// types interns command types (METHOD /path): records of one route
-	// share one string instead of keeping a copy each.
-	types map[string]string
+	// share one string instead of keeping a copy each. A type leaves the
+	// table with the last entry that uses it.
+	types map[string]internedType
+}
+
+type internedType struct {
+	s    string
+	refs int
 }
 
 // maxInterned bounds a shard's interned command types; paths with ids in
@@ -80,12 +119,30 @@ const maxInterned = 1024
 // intern returns the shard's copy of s. The caller holds mu.
 func (sh *memShard) intern(s string) string {
 	if v, ok := sh.types[s]; ok {
-		return v
+		v.refs++
+		sh.types[s] = v
+		return v.s
 	}
 	if len(sh.types) < maxInterned {
-		sh.types[s] = s
+		sh.types[s] = internedType{s: s, refs: 1}
 	}
 	return s
+}
+
+// unintern drops one use of s, and s itself with its last use. A type
+// kept outside the table (it was full) may take a use from an equal
+// interned one; that only ends the sharing early, never keeps a string
+// no entry holds. The caller holds mu.
+func (sh *memShard) unintern(s string) {
+	v, ok := sh.types[s]
+	if !ok {
+		return
+	}
+	if v.refs--; v.refs <= 0 {
+		delete(sh.types, s)
+		return
+	}
+	sh.types[s] = v
 }
 
 // NewMemory returns a memory store and starts its background sweeper;
@@ -100,22 +157,30 @@ func NewMemory(opts MemoryOptions) *Memory {
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = time.Minute
 	}
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = 256 << 20
+	}
 	// One shard per 4096 entries, up to 64, so small bounds stay exact.
 	n := 1
 	for n < 64 && n*4096 < opts.MaxEntries {
 		n *= 2
 	}
 	m := &Memory{
-		shards:   make([]memShard, n),
-		perShard: (opts.MaxEntries + n - 1) / n,
-		seed:     maphash.MakeSeed(),
-		now:      opts.Now,
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		shards:    make([]memShard, n),
+		perShard:  (opts.MaxEntries + n - 1) / n,
+		seed:      maphash.MakeSeed(),
+		now:       opts.Now,
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		maxBytes:  opts.MaxBytes,
+		tenantMax: max(opts.TenantMaxEntries, 0),
 	}
 	for i := range m.shards {
 		m.shards[i].m = make(map[memKey]memEntry)
-		m.shards[i].types = make(map[string]string)
+		m.shards[i].types = make(map[string]internedType)
+	}
+	for i := range m.tenants {
+		m.tenants[i].n = make(map[uuid.UUID]int)
 	}
 	if opts.SweepInterval > 0 {
 		go m.sweeper(opts.SweepInterval)
@@ -141,22 +206,28 @@ func (m *Memory) sweeper(every time.Duration) {
 		case <-m.stop:
 			return
 		case <-t.C:
-			for i := range m.shards {
-				sh := &m.shards[i]
-				sh.mu.Lock()
-				sh.sweep(m.now().UnixNano())
-				sh.mu.Unlock()
-			}
+			m.sweepAll()
 		}
 	}
 }
 
-// sweep deletes expired entries and recomputes earliest. The caller holds mu.
-func (sh *memShard) sweep(now int64) (freed int) {
+// sweepAll sweeps every shard in turn.
+func (m *Memory) sweepAll() {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		m.sweep(sh, m.now().UnixNano())
+		sh.mu.Unlock()
+	}
+}
+
+// sweep deletes the shard's expired entries and recomputes earliest. The
+// caller holds sh.mu.
+func (m *Memory) sweep(sh *memShard, now int64) (freed int) {
 	earliest := int64(1<<63 - 1)
 	for k, e := range sh.m {
 		if e.expires <= now {
-			delete(sh.m, k)
+			m.drop(sh, k, e)
 			freed++
 			continue
 		}
@@ -166,6 +237,68 @@ func (sh *memShard) sweep(now int64) (freed int) {
 	return freed
 }
 
+// drop deletes an entry and gives back all it held: its bytes, its place
+// in its tenant's count and its use of the command type. The caller holds
+// sh.mu.
+func (m *Memory) drop(sh *memShard, k memKey, e memEntry) {
+	delete(sh.m, k)
+	m.bytes.Add(-entrySize(k, &e))
+	m.tenantGive(k.tenant)
+	sh.unintern(e.commandType)
+}
+
+// entrySize is what an entry counts against MaxBytes.
+func entrySize(k memKey, e *memEntry) int64 {
+	return EntryOverhead + int64(len(k.key)) + int64(len(e.commandType)) + responseSize(e.response)
+}
+
+// responseSize estimates the bytes a stored response holds.
+func responseSize(r *idemproxy.Response) int64 {
+	if r == nil {
+		return 0
+	}
+	n := int64(64 + len(r.Body))
+	for k, vs := range r.Header {
+		n += int64(len(k)) + 32
+		for _, v := range vs {
+			n += int64(len(v)) + 16
+		}
+	}
+	return n
+}
+
+// tenantTake counts one more entry for tenant, or reports false when the
+// tenant is at its bound.
+func (m *Memory) tenantTake(tenant uuid.UUID) bool {
+	if m.tenantMax == 0 {
+		return true
+	}
+	tc := &m.tenants[tenant[15]%byte(len(m.tenants))]
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	n := tc.n[tenant]
+	if n >= m.tenantMax {
+		return false
+	}
+	tc.n[tenant] = n + 1
+	return true
+}
+
+// tenantGive counts one entry less for tenant.
+func (m *Memory) tenantGive(tenant uuid.UUID) {
+	if m.tenantMax == 0 {
+		return
+	}
+	tc := &m.tenants[tenant[15]%byte(len(m.tenants))]
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if n := tc.n[tenant] - 1; n > 0 {
+		tc.n[tenant] = n
+	} else {
+		delete(tc.n, tenant)
+	}
+}
+
 func (m *Memory) shard(tenant uuid.UUID, key string) *memShard {
 	if len(m.shards) == 1 {
 		return &m.shards[0]
@@ -173,6 +306,9 @@ func (m *Memory) shard(tenant uuid.UUID, key string) *memShard {
 	h := maphash.String(m.seed, key) ^ binary.LittleEndian.Uint64(tenant[8:])
 	return &m.shards[h&uint64(len(m.shards)-1)]
 }
+
+// Bytes reports the bytes counted against MaxBytes.
+func (m *Memory) Bytes() int64 { return m.bytes.Load() }
 
 // Len reports how many entries (locks and records, expired or not yet
 // swept) the store holds.
@@ -191,9 +327,23 @@ func (m *Memory) Len() int {
 func (m *Memory) Ping(context.Context) error { return nil }
 
 // Claim locks (tenant, key) unless a live lock or record is there, in which
-// case it reports that entry.
+// case it reports that entry. When a bound is reached it fails with
+// idemproxy.ErrFullEntries, ErrFullBytes or ErrFullTenant; before
+// refusing for bytes or for the tenant it sweeps every shard, at most once
+// a second, since the room may be held by expired entries elsewhere.
 func (m *Memory) Claim(_ context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	now := m.now().UnixNano()
+	res, err := m.claim(c, now)
+	if err == idemproxy.ErrFullBytes || err == idemproxy.ErrFullTenant {
+		if last := m.lastSweep.Load(); now-last >= int64(time.Second) && m.lastSweep.CompareAndSwap(last, now) {
+			m.sweepAll()
+			res, err = m.claim(c, now)
+		}
+	}
+	return res, err
+}
+
+func (m *Memory) claim(c idemproxy.Claim, now int64) (idemproxy.ClaimResult, error) {
 	k := memKey{c.Tenant, c.Key}
 	sh := m.shard(c.Tenant, c.Key)
 	sh.mu.Lock()
@@ -202,20 +352,30 @@ func (m *Memory) Claim(_ context.Context, c idemproxy.Claim) (idemproxy.ClaimRes
 		if e.expires > now {
 			return idemproxy.ClaimResult{Entry: e.entry(k, now)}, nil
 		}
+		m.drop(sh, k, e)
 	} else if len(sh.m) >= m.perShard {
-		if now < sh.earliest || sh.sweep(now) == 0 {
-			return idemproxy.ClaimResult{}, idemproxy.ErrFull
+		if now < sh.earliest || m.sweep(sh, now) == 0 {
+			return idemproxy.ClaimResult{}, idemproxy.ErrFullEntries
 		}
+	}
+	if !m.tenantTake(c.Tenant) {
+		return idemproxy.ClaimResult{}, idemproxy.ErrFullTenant
 	}
 	e := memEntry{
 		fingerprint: c.Fingerprint,
 		owner:       c.Owner,
 		commandID:   c.CommandID,
-		commandType: sh.intern(c.CommandType),
+		commandType: c.CommandType,
 		created:     now,
 		expires:     now + int64(c.Lease),
 		state:       idemproxy.StateInFlight,
 	}
+	if size := entrySize(k, &e); m.bytes.Add(size) > m.maxBytes {
+		m.bytes.Add(-size)
+		m.tenantGive(c.Tenant)
+		return idemproxy.ClaimResult{}, idemproxy.ErrFullBytes
+	}
+	e.commandType = sh.intern(c.CommandType)
 	sh.m[k] = e
 	sh.earliest = min(sh.earliest, e.expires)
 	return idemproxy.ClaimResult{Claimed: true, Entry: e.entry(k, now)}, nil
@@ -235,7 +395,12 @@ func (m *Memory) Complete(_ context.Context, c idemproxy.Completion) error {
 	}
 	e.state = idemproxy.StateSucceeded
 	e.status = int32(c.Status)
-	e.response = c.Response
+	if size := responseSize(c.Response); size > 0 && m.bytes.Add(size) > m.maxBytes {
+		// No room for the response: the record replays like mode noop.
+		m.bytes.Add(-size)
+	} else {
+		e.response = c.Response
+	}
 	e.created = now
 	e.expires = now + int64(c.TTL)
 	sh.m[k] = e
@@ -255,7 +420,7 @@ func (m *Memory) Release(_ context.Context, tenant uuid.UUID, key string, owner 
 	if !ok || e.state != idemproxy.StateInFlight || e.owner != owner {
 		return idemproxy.ErrNotOwner
 	}
-	delete(sh.m, k)
+	m.drop(sh, k, e)
 	return nil
 }
 
@@ -281,10 +446,11 @@ func (m *Memory) Delete(_ context.Context, tenant uuid.UUID, key string) error {
 	sh := m.shard(tenant, key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.m[k]; !ok {
+	e, ok := sh.m[k]
+	if !ok {
 		return idemproxy.ErrNotFound
 	}
-	delete(sh.m, k)
+	m.drop(sh, k, e)
 	return nil
 }
 

@@ -36,7 +36,9 @@ const (
 // Config configures New. Sources is required; everything else has a
 // documented zero value.
 type Config struct {
-	// Sources are tried in order; the first that yields a tenant wins.
+	// Sources are tried in order; the first that yields a tenant wins,
+	// except that a verified bearer token always decides: a tenant header
+	// that disagrees with it is refused, whatever the order.
 	Sources []Source
 	// Header is the tenant header; empty means X-Tenant-ID.
 	Header string
@@ -67,7 +69,8 @@ type Resolver struct {
 	header    string
 	claim     string
 	useJWT    bool
-	jwtOnly   bool
+	issuer    string
+	audience  string
 	secret    []byte
 	publicKey crypto.PublicKey
 	jwks      keyfunc.Keyfunc
@@ -83,6 +86,8 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		claim:     cfg.Claim,
 		secret:    cfg.HS256Secret,
 		publicKey: cfg.PublicKey,
+		issuer:    cfg.Issuer,
+		audience:  cfg.Audience,
 		log:       cfg.Logger,
 	}
 	if r.header == "" {
@@ -110,7 +115,6 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		r.sources = append(r.sources, s)
 	}
 	r.useJWT = seen[SourceJWT]
-	r.jwtOnly = r.useJWT && !seen[SourceHeader]
 	if !r.useJWT {
 		return r, nil
 	}
@@ -255,62 +259,72 @@ func (r *Resolver) Middleware(applies func(*http.Request) bool) func(http.Handle
 
 // Resolve returns the request's tenant, whether one was found, and the
 // problem to answer with when the request must be refused.
+//
+// A header-sourced tenant is asserted by the client, not authenticated, so
+// a verified bearer token decides whatever the source order: the header is
+// used only when no token was sent, and a header that names another tenant
+// than the token (or stands beside a token without the tenant claim) is a
+// tenant-conflict.
 func (r *Resolver) Resolve(req *http.Request) (uuid.UUID, bool, *idemproxy.Problem) {
-	var fromToken string
-	var haveToken bool
 	if r.useJWT {
-		claim, present, p := r.verify(req)
+		claim, verified, present, p := r.verify(req)
 		if p != nil {
 			return uuid.Nil, false, p
 		}
-		fromToken, haveToken = claim, present
+		if verified {
+			return r.fromToken(req, claim, present)
+		}
 	}
 	for _, s := range r.sources {
-		switch s {
-		case SourceJWT:
-			if !haveToken {
-				continue
-			}
-			tenant, err := ParseTenant(fromToken)
-			if err != nil {
-				return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
-					fmt.Sprintf("claim %q of the bearer token: %v", r.claim, err))
-			}
-			if r.jwtOnly {
-				if p := r.checkHeaderAgrees(req, tenant); p != nil {
-					return uuid.Nil, false, p
-				}
-			}
-			return tenant, true, nil
-		case SourceHeader:
-			values := req.Header.Values(r.header)
-			if len(values) == 0 {
-				continue
-			}
-			tenant, err := headerTenant(values)
-			if err != nil {
-				return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
-					fmt.Sprintf("header %s: %v", r.header, err))
-			}
-			return tenant, true, nil
+		if s != SourceHeader {
+			continue
 		}
+		values := req.Header.Values(r.header)
+		if len(values) == 0 {
+			break
+		}
+		tenant, err := ParseTenantValues(values)
+		if err != nil {
+			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+				fmt.Sprintf("header %s: %v", r.header, err))
+		}
+		return tenant, true, nil
 	}
 	return uuid.Nil, false, nil
 }
 
-// checkHeaderAgrees refuses a tenant header that names another tenant than
-// the token when the token is the only source: the header can never
-// override the token, and a silent disagreement would hide a client bug.
-func (r *Resolver) checkHeaderAgrees(req *http.Request, tenant uuid.UUID) *idemproxy.Problem {
-	values := req.Header.Values(r.header)
+// fromToken resolves the tenant of a request whose bearer token verified:
+// the token's claim, which a tenant header may repeat but never contradict.
+func (r *Resolver) fromToken(req *http.Request, claim string, present bool) (uuid.UUID, bool, *idemproxy.Problem) {
+	var tenant uuid.UUID
+	if present {
+		t, err := ParseTenant(claim)
+		if err != nil {
+			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+				fmt.Sprintf("claim %q of the bearer token: %v", r.claim, err))
+		}
+		tenant = t
+	}
+	if values := req.Header.Values(r.header); len(values) > 0 {
+		if h, err := ParseTenantValues(values); err != nil || !present || h != tenant {
+			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemTenantConflict,
+				fmt.Sprintf("header %s does not match claim %q of the bearer token; a verified token decides the tenant", r.header, r.claim))
+		}
+	}
+	return tenant, present, nil
+}
+
+// Header returns the canonical name of the tenant header.
+func (r *Resolver) Header() string { return r.header }
+
+// ParseTenantValues parses a tenant given several times (repeated headers
+// or query parameters): the values must all name the same tenant. No
+// values is an error, as an empty tenant is.
+func ParseTenantValues(values []string) (uuid.UUID, error) {
 	if len(values) == 0 {
-		return nil
+		return ParseTenant("")
 	}
-	if h, err := headerTenant(values); err == nil && h == tenant {
-		return nil
-	}
-	return idemproxy.NewProblem(idemproxy.ProblemTenantConflict,
-		fmt.Sprintf("header %s does not match claim %q of the bearer token, which is the tenant source", r.header, r.claim))
+	return headerTenant(values)
 }
 
 func headerTenant(values []string) (uuid.UUID, error) {
@@ -341,41 +355,41 @@ func ParseTenant(s string) (uuid.UUID, error) {
 	return t, nil
 }
 
-// verify checks the bearer token, if any. It returns the tenant claim and
-// whether the token carried one.
-func (r *Resolver) verify(req *http.Request) (string, bool, *idemproxy.Problem) {
+// verify checks the bearer token, if any. It reports the tenant claim,
+// whether a token was verified, and whether it carried the claim.
+func (r *Resolver) verify(req *http.Request) (claim string, verified, present bool, p *idemproxy.Problem) {
 	auth := req.Header.Values("Authorization")
 	if len(auth) == 0 {
-		return "", false, nil
+		return "", false, false, nil
 	}
 	if len(auth) > 1 {
-		return "", false, unauthorized("more than one Authorization header")
+		return "", false, false, unauthorized("more than one Authorization header")
 	}
 	scheme, token, _ := strings.Cut(auth[0], " ")
 	if !strings.EqualFold(scheme, "Bearer") {
 		// Another scheme (Basic, say) is for the upstream, not for us.
-		return "", false, nil
+		return "", false, false, nil
 	}
 	token = strings.TrimSpace(token)
 	if token == "" {
-		return "", false, unauthorized("empty bearer token")
+		return "", false, false, unauthorized("empty bearer token")
 	}
 	claims := jwt.MapClaims{}
 	if _, err := r.parser.ParseWithClaims(token, claims, r.keyfunc(req.Context())); err != nil {
-		reason := tokenReason(err)
+		reason := r.tokenReason(err, claims)
 		r.log.InfoContext(req.Context(), "bearer token refused", "reason", reason, "error", err)
-		return "", false, unauthorized(reason)
+		return "", false, false, unauthorized(reason)
 	}
 	v, ok := claims[r.claim]
 	if !ok {
-		return "", false, nil
+		return "", true, false, nil
 	}
 	s, ok := v.(string)
 	if !ok {
-		return "", false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
+		return "", false, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
 			fmt.Sprintf("claim %q of the bearer token is not a string", r.claim))
 	}
-	return s, true, nil
+	return s, true, true, nil
 }
 
 func (r *Resolver) keyfunc(ctx context.Context) jwt.Keyfunc {
@@ -404,7 +418,8 @@ func unauthorized(detail string) *idemproxy.Problem {
 }
 
 // tokenReason names why a token was refused without echoing the token.
-func tokenReason(err error) string {
+// claims are the token's claims, decoded before validation failed.
+func (r *Resolver) tokenReason(err error, claims jwt.MapClaims) string {
 	switch {
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return "malformed token"
@@ -413,7 +428,14 @@ func tokenReason(err error) string {
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
 		return "token signature is invalid"
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
-		return "token lacks a required claim (exp)"
+		switch missing := r.missingClaims(claims); len(missing) {
+		case 0:
+			return "token lacks a required claim"
+		case 1:
+			return "token lacks the required claim " + missing[0]
+		default:
+			return "token lacks the required claims " + strings.Join(missing, ", ")
+		}
 	case errors.Is(err, jwt.ErrTokenExpired):
 		return "token is expired"
 	case errors.Is(err, jwt.ErrTokenNotValidYet):
@@ -425,4 +447,21 @@ func tokenReason(err error) string {
 	default:
 		return "token is invalid"
 	}
+}
+
+// missingClaims lists the required claims (exp always; iss and aud when
+// configured) that claims lacks, as the parser judges them: absent or
+// empty.
+func (r *Resolver) missingClaims(claims jwt.MapClaims) []string {
+	var missing []string
+	if _, ok := claims["exp"]; !ok {
+		missing = append(missing, "exp")
+	}
+	if iss, _ := claims.GetIssuer(); r.issuer != "" && iss == "" {
+		missing = append(missing, "iss")
+	}
+	if aud, _ := claims.GetAudience(); r.audience != "" && len(aud) == 0 {
+		missing = append(missing, "aud")
+	}
+	return missing
 }

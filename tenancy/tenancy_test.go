@@ -155,25 +155,74 @@ func TestJWTOnlyIgnoresHeader(t *testing.T) {
 	}
 }
 
-func TestSourceOrder(t *testing.T) {
+// TestTokenDecidesInEveryOrder: a header-sourced tenant is asserted, not
+// authenticated, so a verified token's tenant wins in every source order,
+// and a header that disagrees with it is refused.
+func TestTokenDecidesInEveryOrder(t *testing.T) {
 	headerT, tokenT := uuid.NewString(), uuid.NewString()
 	tok := sign(t, jwt.SigningMethodHS256, secret, claims(tokenT), "")
-	for _, c := range []struct {
-		sources []tenancy.Source
-		want    string
-	}{
-		{[]tenancy.Source{tenancy.SourceHeader, tenancy.SourceJWT}, headerT},
-		{[]tenancy.Source{tenancy.SourceJWT, tenancy.SourceHeader}, tokenT},
+	noClaim := sign(t, jwt.SigningMethodHS256, secret, claims("", func(c jwt.MapClaims) { delete(c, "tenant_id") }), "")
+	for _, sources := range [][]tenancy.Source{
+		{tenancy.SourceHeader, tenancy.SourceJWT},
+		{tenancy.SourceJWT, tenancy.SourceHeader},
+		{tenancy.SourceJWT},
 	} {
-		r := newResolver(t, tenancy.Config{Sources: c.sources, HS256Secret: secret})
-		got, ok, p := r.Resolve(request(tok, headerT))
-		if p != nil || !ok || got.String() != c.want {
-			t.Fatalf("sources %v: got %v %v %v, want %s", c.sources, got, ok, p, c.want)
-		}
-		// Without the first source's value, the second one is used.
-		got, ok, _ = r.Resolve(request("", headerT))
-		if !ok || got.String() != headerT {
-			t.Fatalf("sources %v, header only: got %v %v", c.sources, got, ok)
+		t.Run(fmt.Sprint(sources), func(t *testing.T) {
+			r := newResolver(t, tenancy.Config{Sources: sources, HS256Secret: secret})
+			// Token and a header naming another tenant: refused.
+			if _, _, p := r.Resolve(request(tok, headerT)); p == nil || p.Type != idemproxy.ProblemTenantConflict {
+				t.Fatalf("token %s with header %s: got %v, want tenant-conflict", tokenT, headerT, p)
+			}
+			// A malformed header beside a token: refused too.
+			if _, _, p := r.Resolve(request(tok, "acme")); p == nil || p.Type != idemproxy.ProblemTenantConflict {
+				t.Fatalf("token with a malformed header: got %v, want tenant-conflict", p)
+			}
+			// A verified token without the tenant claim cannot be paired
+			// with a header naming the tenant.
+			if _, _, p := r.Resolve(request(noClaim, headerT)); p == nil || p.Type != idemproxy.ProblemTenantConflict {
+				t.Fatalf("token without the claim, with a header: got %v, want tenant-conflict", p)
+			}
+			// Token alone, or with a header that agrees: the token's tenant.
+			for _, h := range []string{"", tokenT} {
+				got, ok, p := r.Resolve(request(tok, h))
+				if p != nil || !ok || got.String() != tokenT {
+					t.Fatalf("token with header %q: got %v %v %v, want %s", h, got, ok, p, tokenT)
+				}
+			}
+			// No token: the header, when it is a source.
+			got, ok, p := r.Resolve(request("", headerT))
+			wantHeader := len(sources) == 2
+			if p != nil || ok != wantHeader || (ok && got.String() != headerT) {
+				t.Fatalf("header only: got %v %v %v, want header used = %v", got, ok, p, wantHeader)
+			}
+		})
+	}
+}
+
+// A token refused for a missing claim names that claim.
+func TestMissingClaimIsNamed(t *testing.T) {
+	r := newResolver(t, tenancy.Config{
+		Sources: []tenancy.Source{tenancy.SourceJWT}, HS256Secret: secret,
+		Issuer: "https://issuer.example", Audience: "orders",
+	})
+	tenant := uuid.NewString()
+	for _, c := range []struct {
+		drop []string
+		want string
+	}{
+		{[]string{"exp"}, "token lacks the required claim exp"},
+		{[]string{"iss"}, "token lacks the required claim iss"},
+		{[]string{"aud"}, "token lacks the required claim aud"},
+		{[]string{"iss", "aud"}, "token lacks the required claims iss, aud"},
+	} {
+		tok := sign(t, jwt.SigningMethodHS256, secret, claims(tenant, func(m jwt.MapClaims) {
+			for _, k := range c.drop {
+				delete(m, k)
+			}
+		}), "")
+		_, _, p := r.Resolve(request(tok, ""))
+		if p == nil || p.Type != idemproxy.ProblemUnauthorized || p.Detail != c.want {
+			t.Errorf("without %v: got %v, want 401 %q", c.drop, p, c.want)
 		}
 	}
 }

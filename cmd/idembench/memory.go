@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/memstat"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -54,7 +55,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 		r.MaxEntries = max(2*records, defaultMemoryMaxEntries)
 		m := store.NewMemory(store.MemoryOptions{MaxEntries: r.MaxEntries, SweepInterval: -1})
 		defer m.Close()
-		base := heapAfterGC()
+		base := memstat.LiveHeap()
 		ins := newInserter()
 		for range records {
 			ok, err := ins.insert(m)
@@ -65,7 +66,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 				return nil, errors.New("memory: the store refused a record below its bound")
 			}
 		}
-		grown := heapAfterGC() - base
+		grown := memstat.LiveHeap() - base
 		r.KeyLen = ins.keyLen
 		r.BytesPerRecord = float64(grown) / float64(records)
 		runtime.KeepAlive(m)
@@ -76,7 +77,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 		defer m.Close()
 		r.FloodMaxEntries = floodMax
 		r.FloodKeys = 4 * floodMax
-		base := heapAfterGC()
+		base := memstat.LiveHeap()
 		ins := newInserter()
 		for range 4 {
 			for range floodMax {
@@ -88,7 +89,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 					r.FloodRefused++
 				}
 			}
-			r.HeapByQuarter = append(r.HeapByQuarter, heapAfterGC()-base)
+			r.HeapByQuarter = append(r.HeapByQuarter, memstat.LiveHeap()-base)
 		}
 		r.FloodLen = m.Len()
 		r.FloodHeapAtBound = r.HeapByQuarter[0]
@@ -149,13 +150,4 @@ func (in *inserter) insert(m *store.Memory) (bool, error) {
 		return false, fmt.Errorf("memory: complete: %w", err)
 	}
 	return true, nil
-}
-
-// heapAfterGC is HeapAlloc once garbage is collected.
-func heapAfterGC() int64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
 }

@@ -29,6 +29,8 @@ type Config struct {
 	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
 	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
 
+	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
+
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
@@ -59,8 +61,12 @@ type Config struct {
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
 	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
+	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
 	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" desc:"largest response body kept for mode replay"`
 	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" desc:"bound on locks plus records in the memory store"`
+	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
+	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
@@ -186,6 +192,7 @@ func (c Config) validate() error {
 		"IDEMPROXY_KEY_TTL": c.KeyTTL, "IDEMPROXY_LOCK_TIMEOUT": c.LockTimeout,
 		"IDEMPROXY_UPSTREAM_TIMEOUT": c.UpstreamTimeout, "IDEMPROXY_STORE_TIMEOUT": c.StoreTimeout,
 		"IDEMPROXY_READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "IDEMPROXY_JWT_JWKS_REFRESH": c.JWKSRefresh,
+		"IDEMPROXY_BODY_TIMEOUT": c.BodyTimeout,
 	}
 	for name, d := range positive {
 		if d <= 0 {
@@ -209,11 +216,23 @@ func (c Config) validate() error {
 	if c.MaxBodyBytes <= 0 {
 		bad("IDEMPROXY_MAX_BODY_BYTES", "must be positive, got %d", c.MaxBodyBytes)
 	}
+	if c.MaxBuffered < c.MaxBodyBytes {
+		bad("IDEMPROXY_MAX_BUFFERED_BYTES", "must be at least IDEMPROXY_MAX_BODY_BYTES (%d < %d): one largest body must fit", c.MaxBuffered, c.MaxBodyBytes)
+	}
+	if _, err := proxy.ParseStatusSet(c.SuccessStatus); err != nil {
+		bad("IDEMPROXY_SUCCESS_STATUS", "%v", err)
+	}
 	if c.ReplayMaxBytes <= 0 {
 		bad("IDEMPROXY_REPLAY_MAX_BYTES", "must be positive, got %d", c.ReplayMaxBytes)
 	}
 	if c.MemoryMaxKeys <= 0 {
 		bad("IDEMPROXY_MEMORY_MAX_ENTRIES", "must be positive, got %d", c.MemoryMaxKeys)
+	}
+	if c.MemoryMaxBytes < 1<<20 {
+		bad("IDEMPROXY_MEMORY_MAX_BYTES", "must be at least 1048576 (1 MiB), got %d", c.MemoryMaxBytes)
+	}
+	if c.MemoryTenantMax <= 0 {
+		bad("IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES", "must be positive, got %d", c.MemoryTenantMax)
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 10000 {
 		bad("IDEMPROXY_DB_MAX_CONNS", "must be between 1 and 10000, got %d", c.DBMaxConns)
@@ -252,12 +271,13 @@ func (c Config) validate() error {
 }
 
 // drainBudget is the longest a graceful shutdown takes: the delay, then a
-// command that just started may take the whole upstream timeout, its claim
-// and up to four record-write attempts (each bounded by the store
-// timeout), and the backoff between them. An orchestrator's grace period
-// (terminationGracePeriodSeconds) must cover it.
+// request that just started may take the body timeout to send its body,
+// the whole upstream timeout, its claim and up to four record-write
+// attempts (each bounded by the store timeout), and the backoff between
+// them. An orchestrator's grace period (terminationGracePeriodSeconds)
+// must cover it.
 func (c Config) drainBudget() time.Duration {
-	return c.ShutdownDelay + c.UpstreamTimeout + 5*c.StoreTimeout + 5*time.Second
+	return c.ShutdownDelay + c.BodyTimeout + c.UpstreamTimeout + 5*c.StoreTimeout + 5*time.Second
 }
 
 func parseLevel(s string) (slog.Level, error) {

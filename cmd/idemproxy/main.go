@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -164,6 +165,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		})
 	}
 	upstream, _ := url.Parse(cfg.UpstreamURL)
+	success, _ := proxy.ParseStatusSet(cfg.SuccessStatus) // validated by loadConfig
 	p, err := proxy.New(proxy.Config{
 		Upstream:        upstream,
 		Store:           st,
@@ -178,6 +180,10 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		Metrics:         metrics,
 		Logger:          log,
 		TracerProvider:  tp,
+
+		BodyTimeout:      cfg.BodyTimeout,
+		MaxBufferedBytes: cfg.MaxBuffered,
+		SuccessStatus:    success,
 	})
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -213,6 +219,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	errc := make(chan error, 2)
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
+	warnReplayWithHeaderTenant(log, cfg)
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"upstream", upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
 
@@ -242,11 +249,28 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	return nil
 }
 
+// warnReplayWithHeaderTenant warns when replay mode hands stored responses
+// to whoever names a tenant in a header: the header is not authenticated.
+func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
+	if !strings.EqualFold(cfg.Mode, string(proxy.ModeReplay)) {
+		return
+	}
+	for _, s := range cfg.TenantSource {
+		if strings.EqualFold(strings.TrimSpace(s), string(tenancy.SourceHeader)) {
+			log.Warn("replay mode with a header tenant source: the tenant header is not authenticated, so a client that sends another tenant's id and one of its keys (without a token) is answered that tenant's stored response; run it only behind a gateway that sets the header, or use IDEMPROXY_TENANT_SOURCE=jwt",
+				"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","), "tenant_header", cfg.TenantHeader)
+			return
+		}
+	}
+}
+
 // openStore builds the configured store and the function that closes it.
 func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
-		m := store.NewMemory(store.MemoryOptions{MaxEntries: cfg.MemoryMaxKeys})
+		m := store.NewMemory(store.MemoryOptions{
+			MaxEntries: cfg.MemoryMaxKeys, MaxBytes: cfg.MemoryMaxBytes, TenantMaxEntries: cfg.MemoryTenantMax,
+		})
 		return m, func() { m.Close() }, nil
 	case "postgres":
 		return openPostgres(ctx, cfg, log)

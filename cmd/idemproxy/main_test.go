@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -130,6 +132,10 @@ func waitReady(t *testing.T, admin string) {
 	}
 }
 
+// noRedirects is http.DefaultClient that does not follow redirects: the
+// tests look at what the proxy answered.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 func post(t *testing.T, url, key, tenant, body string) *http.Response {
 	t.Helper()
 	r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
@@ -139,7 +145,7 @@ func post(t *testing.T, url, key, tenant, body string) *http.Response {
 	if tenant != "" {
 		r.Header.Set("X-Tenant-ID", tenant)
 	}
-	resp, err := http.DefaultClient.Do(r)
+	resp, err := noRedirects.Do(r)
 	if err != nil {
 		t.Fatalf("POST %s: %v", url, err)
 	}
@@ -286,12 +292,16 @@ func TestConfigDefaults(t *testing.T) {
 		"TenantHeader": "X-Tenant-ID", "JWTClaim": "tenant_id", "KeyTTL": 24 * time.Hour,
 		"LockTimeout": 60 * time.Second, "UpstreamTimeout": 30 * time.Second,
 		"MaxBodyBytes": int64(10 << 20), "LogLevel": "info",
+		"SuccessStatus": "2xx", "BodyTimeout": 30 * time.Second, "MaxBuffered": int64(256 << 20),
+		"MemoryMaxBytes": int64(256 << 20), "MemoryTenantMax": 100000,
 	}
 	got := map[string]any{
 		"ListenAddr": cfg.ListenAddr, "AdminAddr": cfg.AdminAddr, "Store": cfg.Store, "Mode": cfg.Mode,
 		"TenantHeader": cfg.TenantHeader, "JWTClaim": cfg.JWTClaim, "KeyTTL": cfg.KeyTTL,
 		"LockTimeout": cfg.LockTimeout, "UpstreamTimeout": cfg.UpstreamTimeout,
 		"MaxBodyBytes": cfg.MaxBodyBytes, "LogLevel": cfg.LogLevel,
+		"SuccessStatus": cfg.SuccessStatus, "BodyTimeout": cfg.BodyTimeout, "MaxBuffered": cfg.MaxBuffered,
+		"MemoryMaxBytes": cfg.MemoryMaxBytes, "MemoryTenantMax": cfg.MemoryTenantMax,
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -328,6 +338,13 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"IDEMPROXY_LOG_LEVEL": "loud"}, "IDEMPROXY_LOG_LEVEL must be debug, info, warn or error"},
 		{map[string]string{"IDEMPROXY_LISTEN_ADDR": "8080"}, "IDEMPROXY_LISTEN_ADDR must be host:port"},
 		{map[string]string{"IDEMPROXY_ADMIN_ADDR": ":8080"}, "IDEMPROXY_ADMIN_ADDR must differ from IDEMPROXY_LISTEN_ADDR"},
+		{map[string]string{"IDEMPROXY_SUCCESS_STATUS": "2xx,ok"}, `IDEMPROXY_SUCCESS_STATUS "ok" is neither a status code`},
+		{map[string]string{"IDEMPROXY_SUCCESS_STATUS": "1xx"}, `IDEMPROXY_SUCCESS_STATUS "1xx" is neither`},
+		{map[string]string{"IDEMPROXY_SUCCESS_STATUS": " , "}, "IDEMPROXY_SUCCESS_STATUS lists no status"},
+		{map[string]string{"IDEMPROXY_BODY_TIMEOUT": "0s"}, "IDEMPROXY_BODY_TIMEOUT must be a positive duration"},
+		{map[string]string{"IDEMPROXY_MAX_BUFFERED_BYTES": "1048576"}, "IDEMPROXY_MAX_BUFFERED_BYTES must be at least IDEMPROXY_MAX_BODY_BYTES"},
+		{map[string]string{"IDEMPROXY_MEMORY_MAX_BYTES": "1000"}, "IDEMPROXY_MEMORY_MAX_BYTES must be at least 1048576"},
+		{map[string]string{"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES": "0"}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES must be positive"},
 	}
 	for _, c := range cases {
 		env := map[string]string{}
@@ -590,4 +607,128 @@ func TestOTelExport(t *testing.T) {
 	if exports.Load() == 0 {
 		t.Fatal("no spans exported to the OTLP collector")
 	}
+}
+
+// Replay mode with a header tenant source hands stored responses to
+// whoever names a tenant: the start-up log says so. A token-only source
+// gets no warning.
+func TestReplayWithHeaderTenantWarns(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	for _, c := range []struct {
+		env  map[string]string
+		warn bool
+	}{
+		{map[string]string{"IDEMPROXY_MODE": "replay"}, true},
+		{map[string]string{"IDEMPROXY_MODE": "replay", "IDEMPROXY_TENANT_SOURCE": "jwt,header",
+			"IDEMPROXY_JWT_HS256_SECRET": "0123456789abcdef0123456789abcdef"}, true},
+		{map[string]string{"IDEMPROXY_MODE": "replay", "IDEMPROXY_TENANT_SOURCE": "jwt",
+			"IDEMPROXY_JWT_HS256_SECRET": "0123456789abcdef0123456789abcdef"}, false},
+		{map[string]string{"IDEMPROXY_MODE": "noop"}, false},
+	} {
+		c.env["IDEMPROXY_UPSTREAM_URL"] = up.URL
+		s := launch(t, nil, c.env)
+		logs := s.logs.String()
+		warned := strings.Contains(logs, `"level":"WARN"`) && strings.Contains(logs, "replay mode with a header tenant source")
+		if warned != c.warn {
+			t.Errorf("%v: warned %v, want %v\n%s", c.env, warned, c.warn, logs)
+		}
+		s.cancel()
+		s.wait(t)
+	}
+}
+
+// The new bounds reach the proxy and the store from the environment.
+func TestBoundsFromTheEnvironment(t *testing.T) {
+	t.Run("IDEMPROXY_SUCCESS_STATUS", func(t *testing.T) {
+		up, calls := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", "/orders/1")
+			w.WriteHeader(http.StatusSeeOther)
+		})
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_SUCCESS_STATUS": "2xx,303"})
+		tenant := uuid.NewString()
+		for range 3 {
+			if got := post(t, s.proxy+"/orders", "prg", tenant, "x").StatusCode; got != http.StatusSeeOther {
+				t.Fatalf("got %d, want 303", got)
+			}
+		}
+		if calls.Load() != 1 {
+			t.Fatalf("upstream calls: %d, want 1 (303 is a success)", calls.Load())
+		}
+	})
+	t.Run("IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES", func(t *testing.T) {
+		up, calls := countingUpstream(t, nil)
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES": "2"})
+		greedy, other := uuid.NewString(), uuid.NewString()
+		for i, want := range []int{201, 201, 503} {
+			if got := post(t, s.proxy+"/orders", fmt.Sprint("k", i), greedy, "x").StatusCode; got != want {
+				t.Fatalf("key %d of one tenant: got %d, want %d", i, got, want)
+			}
+		}
+		if got := post(t, s.proxy+"/orders", "k2", other, "x").StatusCode; got != http.StatusCreated {
+			t.Fatalf("another tenant: got %d, want 201", got)
+		}
+		if calls.Load() != 3 {
+			t.Fatalf("upstream calls: %d, want 3", calls.Load())
+		}
+	})
+	t.Run("IDEMPROXY_MEMORY_MAX_BYTES", func(t *testing.T) {
+		big := strings.Repeat("r", 600<<10)
+		up, calls := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, big)
+		})
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_MODE": "replay",
+			"IDEMPROXY_MEMORY_MAX_BYTES": "1048576"})
+		tenant := uuid.NewString()
+		replayed := func(key string) string {
+			r, _ := http.NewRequest(http.MethodPost, s.proxy+"/orders", strings.NewReader("x"))
+			r.Header.Set("Idempotency-Key", key)
+			r.Header.Set("X-Tenant-ID", tenant)
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return string(b)
+		}
+		for _, k := range []string{"first", "second"} {
+			if got := replayed(k); got != big {
+				t.Fatalf("%s: the upstream's response was cut (%d bytes)", k, len(got))
+			}
+		}
+		// Only one 600 KiB response fits in 1 MiB: the second record
+		// replays like noop.
+		if got := replayed("first"); got != big {
+			t.Fatalf("replay of the first: %d bytes, want the stored %d", len(got), len(big))
+		}
+		if got := replayed("second"); got != "" {
+			t.Fatalf("replay of the second: %d bytes, want none (no room for its response)", len(got))
+		}
+		if calls.Load() != 2 {
+			t.Fatalf("upstream calls: %d, want 2", calls.Load())
+		}
+	})
+	t.Run("IDEMPROXY_BODY_TIMEOUT", func(t *testing.T) {
+		up, calls := countingUpstream(t, nil)
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_BODY_TIMEOUT": "300ms"})
+		conn, err := net.Dial("tcp", strings.TrimPrefix(s.proxy, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\nX-Tenant-ID: %s\r\nContent-Length: 5\r\n\r\na", uuid.NewString())
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer to a stalled keyed body: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Fatalf("got %d, want 408", resp.StatusCode)
+		}
+		if calls.Load() != 0 {
+			t.Fatalf("upstream calls: %d, want 0", calls.Load())
+		}
+	})
 }
