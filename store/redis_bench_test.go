@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,8 +47,10 @@ func BenchmarkRedis(b *testing.B) {
 		{"wait-1-replica", []string{"--repl-diskless-sync-delay", "0"}, true, false},
 	}
 	stores := make([]*store.Redis, len(settings))
+	servers := make([]*redistest.Server, len(settings))
 	for i, s := range settings {
 		srv := redistest.StartServer(b, s.args...)
+		servers[i] = srv
 		wait := 0
 		if s.replica {
 			replica := redistest.StartServer(b, "--replicaof", "127.0.0.1", strconv.Itoa(srv.Port))
@@ -67,8 +70,14 @@ func BenchmarkRedis(b *testing.B) {
 	// does not fall on one setting only: compare the medians.
 	for round := 1; round <= 3; round++ {
 		for i, s := range settings {
-			b.Run(fmt.Sprintf("%s/ClaimComplete/round=%d", s.name, round), func(b *testing.B) { benchClaimComplete(b, stores[i]) })
-			b.Run(fmt.Sprintf("%s/Replay/round=%d", s.name, round), func(b *testing.B) { benchReplay(b, stores[i]) })
+			b.Run(fmt.Sprintf("%s/ClaimComplete/round=%d", s.name, round), func(b *testing.B) {
+				defer reportCPU(b, servers[i])()
+				benchClaimComplete(b, stores[i])
+			})
+			b.Run(fmt.Sprintf("%s/Replay/round=%d", s.name, round), func(b *testing.B) {
+				defer reportCPU(b, servers[i])()
+				benchReplay(b, stores[i])
+			})
 		}
 	}
 }
@@ -81,6 +90,35 @@ func waitLinked(b *testing.B, replica *redistest.Server) {
 		if time.Now().After(deadline) {
 			b.Fatal("replica never connected")
 		}
+	}
+}
+
+// reportCPU measures the CPU time this process (the client) and the Redis
+// server (from INFO cpu; a replica's is not counted) spend per operation,
+// from now until the returned function runs: steadier figures than
+// throughput on a busy machine.
+func reportCPU(b *testing.B, srv *redistest.Server) func() {
+	serverCPU := func() time.Duration {
+		var total float64
+		for line := range strings.Lines(srv.Do("", "INFO", "cpu").(string)) {
+			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+			if k == "used_cpu_sys" || k == "used_cpu_user" {
+				f, _ := strconv.ParseFloat(v, 64)
+				total += f
+			}
+		}
+		return time.Duration(total * float64(time.Second))
+	}
+	processCPU := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	client, server := processCPU(), serverCPU()
+	return func() {
+		n := float64(b.N)
+		b.ReportMetric(float64((processCPU() - client).Microseconds())/n, "client-cpu-µs/op")
+		b.ReportMetric(float64((serverCPU() - server).Microseconds())/n, "server-cpu-µs/op")
 	}
 }
 
