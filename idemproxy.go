@@ -1,14 +1,19 @@
-// Package idemproxy holds the vocabulary shared by the proxy, tenancy and
-// store packages: what the store keeps for an (tenant, key) pair, the
-// sentinel errors that cross package boundaries, and the RFC 9457 problem
-// writer. It depends on nothing but the standard library and uuid, so every
-// other package may import it without creating a cycle.
+// Package idemproxy is the vocabulary shared by the idempotency sidecar's
+// packages and by anyone who embeds its middleware or writes a store: the
+// Store contract every store implements (memory, Postgres, Redis), what a
+// store keeps for a (tenant, key) pair (Entry: a lock while the command is
+// in flight, a record once it succeeded), the sentinel errors that cross
+// package boundaries, and the RFC 9457 problem writer with the one mapping
+// from errors to problems (ProblemFor).
+//
+// It depends on nothing but the standard library and uuid, so every other
+// package may import it without creating a cycle. The HTTP side lives in
+// package proxy, tenant resolution in package tenancy, the stores in
+// package store and their shared conformance suite in store/storetest.
 package idemproxy
 
 import (
 	"crypto/sha256"
-	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -104,24 +109,3 @@ type Completion struct {
 	// TTL is how long the record replays, counted from the store's clock.
 	TTL time.Duration
 }
-
-var (
-	// ErrNotFound means the store has no live entry for (tenant, key).
-	ErrNotFound = errors.New("idempotency: entry not found")
-	// ErrNotOwner means the lock is no longer held by the caller's owner
-	// token: it expired and was claimed again, or was deleted.
-	ErrNotOwner = errors.New("idempotency: lock not held by this owner")
-	// ErrUnavailable wraps any failure to reach or use the store. Keyed
-	// requests fail closed with 503 when they meet it.
-	ErrUnavailable = errors.New("idempotency: store unavailable")
-	// ErrFull means a bounded store has no room for a new lock. The
-	// errors below say which bound was reached; each wraps ErrFull.
-	ErrFull = errors.New("idempotency: store full")
-	// ErrFullEntries means the store holds as many entries as it may.
-	ErrFullEntries = fmt.Errorf("%w: entry bound reached", ErrFull)
-	// ErrFullBytes means the store holds as many bytes as it may.
-	ErrFullBytes = fmt.Errorf("%w: byte bound reached", ErrFull)
-	// ErrFullTenant means the request's tenant holds as many entries as
-	// one tenant may; other tenants are not affected.
-	ErrFullTenant = fmt.Errorf("%w: the tenant's entry bound reached", ErrFull)
-)

@@ -29,6 +29,7 @@ var (
 	ProblemTenantConflict    = ProblemType{"tenant-conflict", "Tenant header conflicts with token", http.StatusBadRequest}
 	ProblemInvalidBody       = ProblemType{"invalid-body", "Request body could not be read", http.StatusBadRequest}
 	ProblemBodyTimeout       = ProblemType{"body-timeout", "Request body not received in time", http.StatusRequestTimeout}
+	ProblemInvalidParameter  = ProblemType{"invalid-parameter", "Invalid query parameter", http.StatusBadRequest}
 	ProblemUnauthorized      = ProblemType{"unauthorized", "Invalid or missing bearer token", http.StatusUnauthorized}
 	ProblemNotFound          = ProblemType{"not-found", "Not found", http.StatusNotFound}
 	ProblemInProgress        = ProblemType{"in-progress", "Request in progress", http.StatusConflict}

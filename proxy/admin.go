@@ -5,13 +5,16 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -21,7 +24,7 @@ import (
 
 // AdminConfig configures NewAdmin.
 type AdminConfig struct {
-	Store Store
+	Store idemproxy.Store
 	// Gatherer serves /metrics; nil means no /metrics route.
 	Gatherer prometheus.Gatherer
 	// Draining, when set to true, makes /readyz answer 503 (shutdown).
@@ -46,7 +49,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 	}
 	r.Route("/v1/keys", func(r chi.Router) {
 		r.Use(a.authorize)
-		r.Get("/", a.getKey)
+		r.Get("/", a.getKeys)
 		r.Delete("/", a.deleteKey)
 	})
 	return r
@@ -61,8 +64,10 @@ func (a *admin) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz reports ready when the store answers and the process is not
-// shutting down.
+// readyz reports ready when the store can be used and the process is not
+// shutting down. When it is not, the status names why: "draining", "not
+// ready: store unavailable" (retried: the store is unreachable or slow)
+// or "not ready: " and a permanent cause, such as "schema missing".
 func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Draining != nil && a.cfg.Draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
@@ -71,8 +76,15 @@ func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := a.cfg.Store.Ping(ctx); err != nil {
-		a.log.WarnContext(r.Context(), "readiness: store unreachable", "error", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unavailable"})
+		var mis *idemproxy.MisconfiguredError
+		if errors.As(err, &mis) {
+			status := "not ready: " + mis.Reason
+			a.log.ErrorContext(r.Context(), "readiness: "+status+"; retrying will not help until it is fixed", "error", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
+			return
+		}
+		a.log.WarnContext(r.Context(), "readiness: store unavailable", "error", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready: store unavailable"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -105,11 +117,37 @@ type KeyView struct {
 	ExpiresAt   time.Time `json:"expires_at"`
 }
 
-func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry, bool) {
-	q := r.URL.Query()
-	tenant, err := tenancy.ParseTenantValues(q["tenant"])
+// KeyList is the admin API's JSON view of one page of a tenant's keys.
+type KeyList struct {
+	Tenant string    `json:"tenant"`
+	Keys   []KeyView `json:"keys"`
+	// NextCursor, passed as the cursor query parameter, asks for the
+	// following page; it is absent on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+func keyView(e idemproxy.Entry) KeyView {
+	return KeyView{
+		Tenant: e.Tenant.String(), Key: e.Key, State: e.State.String(),
+		CommandID: e.CommandID.String(), CommandType: e.CommandType, Status: e.Status,
+		CreatedAt: e.CreatedAt.UTC(), ExpiresAt: e.ExpiresAt.UTC(),
+	}
+}
+
+// tenantParam reads the tenant query parameter, or answers 400.
+func (a *admin) tenantParam(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	tenant, err := tenancy.ParseTenantValues(r.URL.Query()["tenant"])
 	if err != nil {
 		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant, "query parameter tenant: "+err.Error()))
+		return uuid.Nil, false
+	}
+	return tenant, true
+}
+
+func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry, bool) {
+	q := r.URL.Query()
+	tenant, ok := a.tenantParam(w, r)
+	if !ok {
 		return idemproxy.Entry{}, false
 	}
 	key, err := ParseKey(q["key"])
@@ -130,7 +168,13 @@ func (a *admin) storeError(w http.ResponseWriter, err error) {
 	idemproxy.WriteProblem(w, p)
 }
 
-func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
+// getKeys shows one key's lock or record when the key parameter is
+// present, and otherwise lists the tenant's keys.
+func (a *admin) getKeys(w http.ResponseWriter, r *http.Request) {
+	if _, one := r.URL.Query()["key"]; !one {
+		a.listKeys(w, r)
+		return
+	}
 	t, ok := a.target(w, r)
 	if !ok {
 		return
@@ -140,11 +184,51 @@ func (a *admin) getKey(w http.ResponseWriter, r *http.Request) {
 		a.storeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, KeyView{
-		Tenant: e.Tenant.String(), Key: e.Key, State: e.State.String(),
-		CommandID: e.CommandID.String(), CommandType: e.CommandType, Status: e.Status,
-		CreatedAt: e.CreatedAt.UTC(), ExpiresAt: e.ExpiresAt.UTC(),
-	})
+	writeJSON(w, http.StatusOK, keyView(e))
+}
+
+// listKeys answers one page of a tenant's live locks and records, newest
+// first: ?limit=N (1 to idemproxy.MaxListLimit, default
+// idemproxy.DefaultListLimit) and ?cursor= from the previous page's
+// next_cursor.
+func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := a.tenantParam(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	var opts idemproxy.ListOptions
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > idemproxy.MaxListLimit {
+			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+				fmt.Sprintf("query parameter limit must be a whole number from 1 to %d, got %q", idemproxy.MaxListLimit, v)))
+			return
+		}
+		opts.Limit = n
+	}
+	if v := q.Get("cursor"); v != "" {
+		c, err := idemproxy.ParseCursor(v)
+		if err != nil {
+			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+				"query parameter cursor must be a next_cursor returned by this API"))
+			return
+		}
+		opts.After = c
+	}
+	page, err := a.cfg.Store.List(r.Context(), tenant, opts)
+	if err != nil {
+		a.storeError(w, err)
+		return
+	}
+	list := KeyList{Tenant: tenant.String(), Keys: make([]KeyView, 0, len(page.Entries))}
+	for _, e := range page.Entries {
+		list.Keys = append(list.Keys, keyView(e))
+	}
+	if page.Next != nil {
+		list.NextCursor = page.Next.String()
+	}
+	writeJSON(w, http.StatusOK, list)
 }
 
 func (a *admin) deleteKey(w http.ResponseWriter, r *http.Request) {

@@ -2,17 +2,22 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -20,7 +25,14 @@ import (
 func adminDo(t *testing.T, h http.Handler, method, tenant, key, token string) *httptest.ResponseRecorder {
 	t.Helper()
 	q := url.Values{"tenant": {tenant}, "key": {key}}
-	r := httptest.NewRequest(method, "/v1/keys?"+q.Encode(), nil)
+	return adminRequest(t, h, method, "/v1/keys?"+q.Encode(), token)
+}
+
+// adminRequest sends method path to the admin handler, with the token
+// unless it is empty.
+func adminRequest(t *testing.T, h http.Handler, method, path, token string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, path, nil)
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -124,5 +136,106 @@ func TestAdminRepeatedParameters(t *testing.T) {
 	// The same value twice counts once, as for a repeated key header.
 	if rec := send(http.MethodGet, url.Values{"tenant": {tenant, tenant}, "key": {"k"}}); rec.Code != http.StatusOK {
 		t.Fatalf("tenant repeated with one value: got %d %s", rec.Code, rec.Body)
+	}
+}
+
+func adminGet(t *testing.T, h http.Handler, path, token string) *httptest.ResponseRecorder {
+	t.Helper()
+	return adminRequest(t, h, http.MethodGet, path, token)
+}
+
+func TestAdminListKeys(t *testing.T) { forEachStore(t, testAdminListKeys) }
+
+func testAdminListKeys(t *testing.T, st option) {
+	e := newEnv(t, st)
+	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store, Token: "s3cret"})
+	tenant := e.tenant.String()
+	for i := 1; i <= 5; i++ {
+		wantStatus(t, e.do(req{key: fmt.Sprintf("k%d", i), body: fmt.Sprint(i)}), http.StatusCreated)
+		e.advance(time.Second)
+	}
+	e.wantCalls(5)
+
+	var got []string
+	path := "/v1/keys?" + url.Values{"tenant": {tenant}, "limit": {"2"}}.Encode()
+	for pages := 0; ; pages++ {
+		if pages > 3 {
+			t.Fatalf("too many pages: %v", got)
+		}
+		rec := adminGet(t, admin, path, "s3cret")
+		var list proxy.KeyList
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &list) != nil {
+			t.Fatalf("list: %d %s", rec.Code, rec.Body)
+		}
+		if list.Tenant != tenant || len(list.Keys) > 2 {
+			t.Fatalf("list: tenant %s, %d keys: %s", list.Tenant, len(list.Keys), rec.Body)
+		}
+		for _, k := range list.Keys {
+			if k.State != "succeeded" || k.Status != http.StatusCreated || k.CommandType != "POST /orders" || !k.ExpiresAt.After(k.CreatedAt) {
+				t.Errorf("listed %+v, want a succeeded 201 record of POST /orders", k)
+			}
+			got = append(got, k.Key)
+		}
+		if list.NextCursor == "" {
+			break
+		}
+		path = "/v1/keys?" + url.Values{"tenant": {tenant}, "limit": {"2"}, "cursor": {list.NextCursor}}.Encode()
+	}
+	if want := []string{"k5", "k4", "k3", "k2", "k1"}; !slices.Equal(got, want) {
+		t.Errorf("listed %v, want %v (newest first)", got, want)
+	}
+
+	rec := adminGet(t, admin, "/v1/keys?tenant="+uuid.NewString(), "s3cret")
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"keys":[]`) || strings.Contains(rec.Body.String(), "next_cursor") {
+		t.Errorf("list of a tenant without keys: %d %s", rec.Code, rec.Body)
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=ten", "cursor=not-a-cursor"} {
+		rec := adminGet(t, admin, "/v1/keys?tenant="+tenant+"&"+q, "s3cret")
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "invalid-parameter") {
+			t.Errorf("%s: got %d %s, want 400 invalid-parameter", q, rec.Code, rec.Body)
+		}
+	}
+	if rec := adminGet(t, admin, "/v1/keys?tenant=acme", "s3cret"); rec.Code != http.StatusBadRequest {
+		t.Errorf("list with a bad tenant: got %d, want 400", rec.Code)
+	}
+	if rec := adminGet(t, admin, "/v1/keys?tenant="+tenant, ""); rec.Code != http.StatusUnauthorized {
+		t.Errorf("list without the token: got %d, want 401", rec.Code)
+	}
+}
+
+// pingStore is a store whose Ping fails with err.
+type pingStore struct {
+	idemproxy.Store
+	err error
+}
+
+func (p pingStore) Ping(context.Context) error { return p.err }
+
+func TestReadyzNamesTheCause(t *testing.T) {
+	e := newEnv(t)
+	for _, tc := range []struct {
+		err    error
+		status int
+		want   string
+	}{
+		{nil, http.StatusOK, "ready"},
+		{fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable), http.StatusServiceUnavailable, "not ready: store unavailable"},
+		{idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing, errors.New("no table")), http.StatusServiceUnavailable, "not ready: schema missing"},
+		{fmt.Errorf("wrapped: %w", idemproxy.Misconfigured(idemproxy.ReasonAuthentication, errors.New("FATAL: password authentication failed for user app"))),
+			http.StatusServiceUnavailable, "not ready: authentication failed"},
+	} {
+		var logs bytes.Buffer
+		admin := proxy.NewAdmin(proxy.AdminConfig{Store: pingStore{e.store, tc.err}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		rec := adminGet(t, admin, "/readyz", "")
+		var body map[string]string
+		if rec.Code != tc.status || json.Unmarshal(rec.Body.Bytes(), &body) != nil || body["status"] != tc.want {
+			t.Errorf("Ping error %v: /readyz answered %d %s, want %d with status %q", tc.err, rec.Code, rec.Body, tc.status, tc.want)
+		}
+		if tc.err != nil && !strings.Contains(logs.String(), tc.err.Error()) {
+			t.Errorf("Ping error %v: not in the log: %s", tc.err, logs.String())
+		}
+		if strings.Contains(rec.Body.String(), "FATAL") {
+			t.Errorf("/readyz shows the driver's error: %s", rec.Body)
+		}
 	}
 }

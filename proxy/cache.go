@@ -41,7 +41,7 @@ type RecordCacheOptions struct {
 // goes to s. The entry answered carries the record's tenant, key,
 // fingerprint, command, status and response, so the caller applies the
 // same fingerprint check and mode as for a record read from the store.
-func CacheRecords(s Store, opts RecordCacheOptions) Store {
+func CacheRecords(s idemproxy.Store, opts RecordCacheOptions) idemproxy.Store {
 	if opts.MaxEntries <= 0 {
 		return s
 	}
@@ -67,7 +67,7 @@ func CacheRecords(s Store, opts RecordCacheOptions) Store {
 }
 
 type recordCache struct {
-	Store
+	idemproxy.Store
 	opts     RecordCacheOptions
 	seed     maphash.Seed
 	shards   []cacheShard

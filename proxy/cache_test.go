@@ -16,7 +16,7 @@ import (
 
 // countingStore counts the claims that reach the store.
 type countingStore struct {
-	proxy.Store
+	idemproxy.Store
 	claims atomic.Int64
 }
 

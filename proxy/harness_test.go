@@ -102,7 +102,7 @@ type env struct {
 	t       *testing.T
 	up      *upstream
 	mem     *store.Memory
-	store   proxy.Store
+	store   idemproxy.Store
 	clock   *clock
 	srv     *httptest.Server
 	proxy   *proxy.Proxy

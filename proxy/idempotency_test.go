@@ -274,7 +274,7 @@ func testUpstreamResetHoldsLock(t *testing.T, st option) {
 
 // failingStore wraps a store and fails chosen operations.
 type failingStore struct {
-	proxy.Store
+	idemproxy.Store
 	mu       sync.Mutex
 	claim    error
 	complete error
@@ -799,7 +799,7 @@ func testTokensAtTheProxy(t *testing.T, st option) {
 // ackLostStore writes the first completion but reports it as failed, as
 // when the database commits and the connection drops before the answer.
 type ackLostStore struct {
-	proxy.Store
+	idemproxy.Store
 	lost atomic.Bool
 }
 

@@ -126,7 +126,7 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 				slog.String("path", r.URL.Path),
 				slog.Int("status", sw.status),
 				slog.String("outcome", ri.outcome),
-				slog.Duration("duration", time.Since(start)),
+				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 			}
 			if ri.tenant != uuid.Nil {
 				attrs = append(attrs, slog.String("tenant", ri.tenant.String()))

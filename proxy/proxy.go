@@ -4,7 +4,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -22,29 +20,6 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
-
-// Store keeps locks and records. Each method is one atomic operation; a
-// Postgres store makes each one statement. A store bounds the time of its
-// own operations (the proxy passes contexts without a deadline). Errors
-// other than the idemproxy sentinels mean the store could not be used (the
-// request fails closed with 503).
-type Store interface {
-	// Claim locks (tenant, key) unless a live lock or record exists, in
-	// which case it returns that entry with Claimed false.
-	Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error)
-	// Complete turns the lock held by c.Owner into a record, or fails with
-	// idemproxy.ErrNotOwner.
-	Complete(ctx context.Context, c idemproxy.Completion) error
-	// Release drops the lock held by owner, or fails with
-	// idemproxy.ErrNotOwner.
-	Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error
-	// Lookup returns the live entry or idemproxy.ErrNotFound.
-	Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error)
-	// Delete removes an entry (admin use) or fails with idemproxy.ErrNotFound.
-	Delete(ctx context.Context, tenant uuid.UUID, key string) error
-	// Ping reports whether the store is reachable.
-	Ping(ctx context.Context) error
-}
 
 // Mode says how a request whose key already has a record is answered.
 type Mode string
@@ -64,7 +39,7 @@ const (
 type Config struct {
 	// Upstream is the service requests are forwarded to.
 	Upstream *url.URL
-	Store    Store
+	Store    idemproxy.Store
 	Tenancy  *tenancy.Resolver
 	// Mode is noop when empty.
 	Mode Mode

@@ -81,16 +81,22 @@ func execSQL(t testing.TB, dbURL, sql string, args ...any) int64 {
 // queryInt runs a query returning one integer on a connection of its own.
 func queryInt(t testing.TB, dbURL, sql string, args ...any) int64 {
 	t.Helper()
+	return queryValue[int64](t, dbURL, sql, args...)
+}
+
+// queryValue runs a query returning one value on a connection of its own.
+func queryValue[T any](t testing.TB, dbURL, sql string, args ...any) T {
+	t.Helper()
 	conn, err := pgx.Connect(context.Background(), dbURL)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	defer conn.Close(context.Background())
-	var n int64
-	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	var v T
+	if err := conn.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
-	return n
+	return v
 }
 
 // ageRow makes (tenant, key) look old: a lock's lease ended a second ago,

@@ -469,3 +469,6 @@ func (e *memEntry) entry(k memKey, now int64) idemproxy.Entry {
 		Response:    e.response,
 	}
 }
+
+// Capabilities reports a store local to the process: not shared.
+func (m *Memory) Capabilities() idemproxy.Capabilities { return idemproxy.Capabilities{} }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/idemproxy/idemproxy"
@@ -20,15 +22,38 @@ import (
 // migratePingTimeout bounds Migrate's first contact with the database.
 const migratePingTimeout = 10 * time.Second
 
+// VersionTable is where idemproxy records its applied migrations: its own
+// table, never goose's default goose_db_version, which the host
+// application's own migrations may use in the same database.
+const VersionTable = "idemproxy_goose_version"
+
+// legacyVersionTable is where idemproxy recorded its migrations before it
+// had its own table; only migration 00001 was ever recorded there.
+const (
+	legacyVersionTable = goose.DefaultTablename
+	legacyVersion      = 1
+)
+
+// migrationLockID is the advisory lock that serialises idemproxy's
+// migrations (the crc64-ECMA of "idemproxy"); it is not goose's default,
+// so they never wait for the host application's goose runs, nor it for
+// them.
+const migrationLockID int64 = 8050832802438853597
+
 // Migrate applies ("up"), rolls back by one ("down") or lists ("status")
 // the Postgres store's migrations against databaseURL, and writes what it
-// did to out (nil discards it). Runs are serialised by a session-level
-// advisory lock, so replicas that start together migrate once: the others
-// wait for the lock (up to five minutes), then find nothing to do. The
-// schema goes into the first schema of the URL's search_path, like the
-// store's statements. When the database cannot be reached at all, the
-// error satisfies errors.Is(err, idemproxy.ErrUnavailable); any other
-// error means a migration itself failed.
+// did to out (nil discards it). They are recorded in VersionTable. An
+// install whose idempotency_keys table was migrated when idemproxy still
+// recorded its migrations in goose_db_version is recognised first and its
+// version copied over (goose_db_version is never changed). Runs are
+// serialised by an advisory lock, so replicas that start together migrate
+// once: the others wait for the lock (up to five minutes), then find
+// nothing to do. The schema goes into the first schema of the URL's
+// search_path, like the store's statements. When the database cannot be
+// reached, the error satisfies errors.Is(err, idemproxy.ErrUnavailable);
+// a failure that retrying will not cure (the database does not exist,
+// authentication or permission denied) is an *idemproxy.MisconfiguredError,
+// which satisfies it too; any other error means a migration itself failed.
 func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) error {
 	switch direction {
 	case "up", "down", "status":
@@ -40,7 +65,7 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	}
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("store: migrate: database url: %v", err)
+		return fmt.Errorf("store: migrate: %w", urlError(databaseURL, err))
 	}
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "idemproxy-migrate"
@@ -52,14 +77,17 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	err = db.PingContext(pctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: postgres migrate: %v", idemproxy.ErrUnavailable, err)
+		return failure("migrate", err)
 	}
-
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
+	if err := adoptLegacyVersion(ctx, db, locker, out); err != nil {
+		return migrateFailure("migrate: recognising an earlier install", err)
+	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithTableName(VersionTable),
 		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
@@ -72,12 +100,12 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 			printResult(out, r)
 		}
 		if err != nil {
-			return fmt.Errorf("store: migrate up: %w", err)
+			return migrateFailure("migrate up", err)
 		}
 		if len(results) == 0 {
 			v, err := provider.GetDBVersion(ctx)
 			if err != nil {
-				return fmt.Errorf("store: migrate up: %w", err)
+				return migrateFailure("migrate up", err)
 			}
 			fmt.Fprintf(out, "no migrations to apply; at version %d\n", v)
 		}
@@ -91,12 +119,12 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("store: migrate down: %w", err)
+			return migrateFailure("migrate down", err)
 		}
 	case "status":
 		statuses, err := provider.Status(ctx)
 		if err != nil {
-			return fmt.Errorf("store: migrate status: %w", err)
+			return migrateFailure("migrate status", err)
 		}
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE")
@@ -120,4 +148,105 @@ func printResult(out io.Writer, r *goose.MigrationResult) {
 		return
 	}
 	fmt.Fprintf(out, "%s %s (%s)\n", r.Direction, r.Source.Path, r.Duration.Round(time.Millisecond))
+}
+
+// migrateFailure reports a failure of a reachable database: a permanent
+// one as an *idemproxy.MisconfiguredError, any other as a failed
+// migration (the driver's error as text only).
+func migrateFailure(what string, err error) error {
+	if reason := permanentReason(err); reason != "" {
+		return idemproxy.Misconfigured(reason, fmt.Errorf("postgres %s: %v", what, err))
+	}
+	return fmt.Errorf("store: %s: %v", what, err)
+}
+
+// adoptLegacyVersion recognises an install migrated while idemproxy still
+// recorded its migrations in goose_db_version, and records that migration
+// in VersionTable too, so that goose does not run it again. It does so
+// only when VersionTable records nothing yet, goose_db_version records
+// migration 00001 as applied, and idempotency_keys has every column the
+// store uses, all in the schema goose uses (current_schema()). A
+// goose_db_version of the host application's is thus left alone; neither
+// is ever changed. It holds the migrations' lock, taken as goose takes it
+// (polling, with no transaction open while it waits: a transaction waiting
+// for the lock would deadlock with a CREATE INDEX CONCURRENTLY run under
+// it), and decides and writes in one transaction.
+func adoptLegacyVersion(ctx context.Context, db *sql.DB, locker lock.SessionLocker, out io.Writer) (err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := locker.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := locker.SessionUnlock(context.WithoutCancel(ctx), conn); err == nil {
+			err = uerr
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var own, legacy, table bool
+	err = tx.QueryRowContext(ctx, `SELECT
+		to_regclass(quote_ident(current_schema()) || '.' || $1) IS NOT NULL,
+		to_regclass(quote_ident(current_schema()) || '.' || $2) IS NOT NULL,
+		to_regclass(quote_ident(current_schema()) || '.idempotency_keys') IS NOT NULL`,
+		VersionTable, legacyVersionTable).Scan(&own, &legacy, &table)
+	if err != nil {
+		return err
+	}
+	if !legacy || !table {
+		return nil
+	}
+	if own {
+		var recorded bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+VersionTable+` WHERE version_id > 0)`).Scan(&recorded); err != nil {
+			return err
+		}
+		if recorded {
+			return nil
+		}
+	}
+	var applied bool
+	err = tx.QueryRowContext(ctx, `SELECT is_applied FROM `+legacyVersionTable+`
+		WHERE version_id = $1 ORDER BY id DESC LIMIT 1`, legacyVersion).Scan(&applied)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !applied) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var missing int
+	if err := tx.QueryRowContext(ctx, `SELECT cardinality(`+missingColumns+`)`, schemaColumns).Scan(&missing); err != nil {
+		return err
+	}
+	if missing > 0 {
+		return nil
+	}
+
+	versions, err := database.NewStore(database.DialectPostgres, VersionTable)
+	if err != nil {
+		return err
+	}
+	if !own {
+		if err := versions.CreateVersionTable(ctx, tx); err != nil {
+			return err
+		}
+		if err := versions.Insert(ctx, tx, database.InsertRequest{Version: 0}); err != nil {
+			return err
+		}
+	}
+	if err := versions.Insert(ctx, tx, database.InsertRequest{Version: legacyVersion}); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "recognised an install migrated through %s: recorded version %d in %s (%s left unchanged)\n",
+		legacyVersionTable, legacyVersion, VersionTable, legacyVersionTable)
+	return nil
 }

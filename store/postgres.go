@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -79,7 +80,7 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	}
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
-		return nil, fmt.Errorf("store: postgres url: %v", err)
+		return nil, fmt.Errorf("store: postgres: %w", urlError(opts.URL, err))
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
@@ -113,13 +114,17 @@ func (p *Postgres) Close() {
 	p.pool.Close()
 }
 
-// entryColumns are the columns scanEntry reads, in order. An entry ends at
-// its lease's end while it is a lock and at expires_at once it is a
-// record; Remaining is measured by the database's clock.
-const entryColumns = `state, command_id, command_type, fingerprint, created_at,
+// entryColumns are the columns scanEntry reads, in order: entryHead, then
+// the stored response. An entry ends at its lease's end while it is a lock
+// and at expires_at once it is a record; Remaining is measured by the
+// database's clock.
+const (
+	entryHead = `state, command_id, command_type, fingerprint, created_at,
 	COALESCE(lease_expires_at, expires_at) AS ends_at,
 	(extract(epoch FROM COALESCE(lease_expires_at, expires_at) - clock_timestamp()) * 1000000)::bigint AS remaining_us,
-	COALESCE(status, 0) AS status, resp_headers, resp_body, resp_truncated`
+	COALESCE(status, 0) AS status`
+	entryColumns = entryHead + `, resp_headers, resp_body, resp_truncated`
+)
 
 // claimSQL inserts a lock, or takes over a row whose lease or record has
 // ended, in one statement. When the row is live it is returned unchanged
@@ -272,7 +277,7 @@ func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, ow
 func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key), nil)
+	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
@@ -298,13 +303,56 @@ func (p *Postgres) Delete(ctx context.Context, tenant uuid.UUID, key string) err
 	return nil
 }
 
-// Ping reports whether a connection to the database can be used; its
-// error satisfies errors.Is(err, idemproxy.ErrUnavailable).
+// schemaColumns are the columns of idempotency_keys that the store reads
+// or writes.
+var schemaColumns = []string{
+	"tenant_id", "key", "command_id", "command_type", "state", "owner_token", "fingerprint",
+	"created_at", "lease_expires_at", "expires_at", "status", "resp_headers", "resp_body", "resp_truncated",
+}
+
+// missingColumns is the array of the columns $1 that the table the
+// store's statements name, idempotency_keys as found in the search_path,
+// lacks: all of them when there is no such table.
+const missingColumns = `ARRAY(SELECT c FROM unnest($1::text[]) AS c WHERE NOT EXISTS (
+	SELECT 1 FROM pg_attribute a
+	WHERE a.attrelid = to_regclass('idempotency_keys') AND a.attname = c AND a.attnum > 0 AND NOT a.attisdropped))`
+
+// pingSQL checks, in one round trip, that the store's table exists with
+// its columns and that the connected role may use it.
+const pingSQL = `SELECT to_regclass('idempotency_keys') IS NOT NULL,
+	COALESCE(has_table_privilege(to_regclass('idempotency_keys'), 'SELECT')
+		AND has_table_privilege(to_regclass('idempotency_keys'), 'INSERT')
+		AND has_table_privilege(to_regclass('idempotency_keys'), 'UPDATE')
+		AND has_table_privilege(to_regclass('idempotency_keys'), 'DELETE'), true),
+	` + missingColumns
+
+// Ping reports whether the store can be used: the database answers, the
+// idempotency_keys table is in the search_path with every column the
+// store uses, and the role may read and write it. A missing table or
+// column, or a missing privilege, is an *idemproxy.MisconfiguredError
+// (ReasonSchemaMissing, ReasonPermissionDenied), as is a database that
+// refuses the connection for good; any error satisfies
+// errors.Is(err, idemproxy.ErrUnavailable).
 func (p *Postgres) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	if err := p.pool.Ping(ctx); err != nil {
+	var (
+		table, allowed bool
+		missing        []string
+	)
+	if err := p.pool.QueryRow(ctx, pingSQL, schemaColumns).Scan(&table, &allowed, &missing); err != nil {
 		return failure("ping", err)
+	}
+	switch {
+	case !table:
+		return idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing,
+			errors.New("table idempotency_keys not found in the search_path (apply the migrations: idemproxy migrate up)"))
+	case len(missing) > 0:
+		return idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing,
+			fmt.Errorf("table idempotency_keys lacks the columns %s (apply the migrations: idemproxy migrate up)", strings.Join(missing, ", ")))
+	case !allowed:
+		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
+			errors.New("the role may not select, insert, update and delete in idempotency_keys"))
 	}
 	return nil
 }
@@ -365,13 +413,13 @@ func (p *Postgres) RunPurge(ctx context.Context, interval time.Duration, batch i
 	}
 }
 
-// scanEntry reads entryColumns, preceded by the claimed flag when claimed
-// is not nil. Tenant and Key are left for the caller.
 // pgUUID passes a UUID to pgx in its native form; a uuid.UUID would go
 // through driver.Valuer and a text round trip on every statement.
 func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
 
-func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
+// scanEntry reads entryColumns, preceded by columns scanned into lead
+// (such as Claim's claimed flag). Tenant and Key are left for the caller.
+func scanEntry(row pgx.Row, lead ...any) (idemproxy.Entry, error) {
 	var (
 		e           idemproxy.Entry
 		state       string
@@ -385,8 +433,8 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 	)
 	dest := []any{&state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
 		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated}
-	if claimed != nil {
-		dest = append([]any{claimed}, dest...)
+	if len(lead) > 0 {
+		dest = append(lead, dest...)
 	}
 	if err := row.Scan(dest...); err != nil {
 		return e, err
@@ -419,7 +467,9 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 
 // failure turns an error from the driver into the store's: a request the
 // database rejected as invalid (SQLSTATE classes 22 and 23) is reported
-// as such, anything else means the store could not be used and satisfies
+// as such; a failure that retrying will not cure (see permanentReason) is
+// an *idemproxy.MisconfiguredError; anything else means the store could
+// not be used for now. All but the first satisfy
 // errors.Is(err, idemproxy.ErrUnavailable). The driver's error is kept as
 // text only, so that no driver type leaves the package; a context's
 // deadline or cancellation stays matchable with errors.Is.
@@ -428,10 +478,39 @@ func failure(op string, err error) error {
 	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
 		return fmt.Errorf("store: postgres %s rejected: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
 	}
+	if reason := permanentReason(err); reason != "" {
+		return idemproxy.Misconfigured(reason, fmt.Errorf("postgres %s: %v", op, err))
+	}
 	for _, ce := range []error{context.DeadlineExceeded, context.Canceled} {
 		if errors.Is(err, ce) {
 			return fmt.Errorf("%w: postgres %s: %w (%v)", idemproxy.ErrUnavailable, op, ce, err)
 		}
 	}
 	return fmt.Errorf("%w: postgres %s: %v", idemproxy.ErrUnavailable, op, err)
+}
+
+// permanentReason names the cause of a Postgres error that retrying will
+// not cure, by its SQLSTATE, or returns "" for any other error (connection
+// refused, timeouts, a server shutting down or out of connections).
+func permanentReason(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "3D000": // invalid_catalog_name
+		return idemproxy.ReasonDatabaseMissing
+	case "28P01", "28000": // invalid_password, invalid_authorization_specification
+		return idemproxy.ReasonAuthentication
+	case "42P01", "42703", "3F000": // undefined_table, undefined_column, invalid_schema_name
+		return idemproxy.ReasonSchemaMissing
+	case "42501": // insufficient_privilege
+		return idemproxy.ReasonPermissionDenied
+	}
+	return ""
+}
+
+// Capabilities reports a store shared by every replica over the network.
+func (p *Postgres) Capabilities() idemproxy.Capabilities {
+	return idemproxy.Capabilities{Shared: true}
 }

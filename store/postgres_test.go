@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/migrations"
 )
 
 // TestPostgresClaimRaceAcrossPools races 60 claims of one key over three
@@ -310,8 +312,10 @@ func TestMigrateConcurrently(t *testing.T) {
 		t.Errorf("status does not report the migration applied:\n%s", status.String())
 	}
 
-	if err := Migrate(t.Context(), dbURL, "down", nil); err != nil {
-		t.Fatalf("down: %v", err)
+	for range migrationCount(t) {
+		if err := Migrate(t.Context(), dbURL, "down", nil); err != nil {
+			t.Fatalf("down: %v", err)
+		}
 	}
 	checkSchema(t, dbURL, false)
 	var again bytes.Buffer
@@ -347,10 +351,22 @@ func checkSchema(t *testing.T, dbURL string, exists bool) {
 	if got != 14 {
 		t.Errorf("idempotency_keys has %d columns, want 14", got)
 	}
-	if n := queryInt(t, dbURL, `SELECT count(*) FROM pg_indexes
-		WHERE schemaname = current_schema() AND indexname = 'idempotency_keys_expires_at_idx'`); n != 1 {
-		t.Error("the purge index on expires_at is missing")
+	for _, index := range []string{"idempotency_keys_expires_at_idx", "idempotency_keys_tenant_created_idx"} {
+		if n := queryInt(t, dbURL, `SELECT count(*) FROM pg_indexes
+			WHERE schemaname = current_schema() AND indexname = $1`, index); n != 1 {
+			t.Errorf("the index %s is missing", index)
+		}
 	}
+}
+
+// migrationCount is the number of embedded migrations.
+func migrationCount(t *testing.T) int {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no migrations embedded: %v", err)
+	}
+	return len(names)
 }
 
 func TestMigrateRejectsUnknownDirection(t *testing.T) {
@@ -516,18 +532,38 @@ func TestFailure(t *testing.T) {
 		name        string
 		err         error
 		unavailable bool
+		permanent   string // the MisconfiguredError's reason, if any
 	}{
-		{"check violation", &pgconn.PgError{Code: "23514", Message: "check"}, false},
-		{"data exception", &pgconn.PgError{Code: "22001", Message: "too long"}, false},
-		{"statement timeout", &pgconn.PgError{Code: "57014", Message: "canceling statement"}, true},
-		{"admin shutdown", &pgconn.PgError{Code: "57P01", Message: "terminating"}, true},
-		{"undefined table", &pgconn.PgError{Code: "42P01", Message: "no table"}, true},
-		{"network", &net.OpError{Op: "dial", Err: errors.New("refused")}, true},
-		{"deadline", fmt.Errorf("timeout: %w", context.DeadlineExceeded), true},
+		{"check violation", &pgconn.PgError{Code: "23514", Message: "check"}, false, ""},
+		{"data exception", &pgconn.PgError{Code: "22001", Message: "too long"}, false, ""},
+		{"statement timeout", &pgconn.PgError{Code: "57014", Message: "canceling statement"}, true, ""},
+		{"admin shutdown", &pgconn.PgError{Code: "57P01", Message: "terminating"}, true, ""},
+		{"too many connections", &pgconn.PgError{Code: "53300", Message: "too many clients"}, true, ""},
+		{"starting up", &pgconn.PgError{Code: "57P03", Message: "the database system is starting up"}, true, ""},
+		{"read only", &pgconn.PgError{Code: "25006", Message: "read-only transaction"}, true, ""},
+		{"database does not exist", &pgconn.PgError{Code: "3D000", Message: "no database"}, true, idemproxy.ReasonDatabaseMissing},
+		{"wrong password", &pgconn.PgError{Code: "28P01", Message: "password authentication failed"}, true, idemproxy.ReasonAuthentication},
+		{"no such role", &pgconn.PgError{Code: "28000", Message: "role does not exist"}, true, idemproxy.ReasonAuthentication},
+		{"undefined table", &pgconn.PgError{Code: "42P01", Message: "no table"}, true, idemproxy.ReasonSchemaMissing},
+		{"undefined column", &pgconn.PgError{Code: "42703", Message: "no column"}, true, idemproxy.ReasonSchemaMissing},
+		{"no schema", &pgconn.PgError{Code: "3F000", Message: "no schema"}, true, idemproxy.ReasonSchemaMissing},
+		{"permission denied", &pgconn.PgError{Code: "42501", Message: "permission denied"}, true, idemproxy.ReasonPermissionDenied},
+		{"permanent behind a wrap", fmt.Errorf("connect: %w", &pgconn.PgError{Code: "3D000"}), true, idemproxy.ReasonDatabaseMissing},
+		{"network", &net.OpError{Op: "dial", Err: errors.New("refused")}, true, ""},
+		{"deadline", fmt.Errorf("timeout: %w", context.DeadlineExceeded), true, ""},
 	} {
 		err := failure("claim", tc.err)
 		if got := errors.Is(err, idemproxy.ErrUnavailable); got != tc.unavailable {
 			t.Errorf("%s: errors.Is(ErrUnavailable) = %v, want %v (%v)", tc.name, got, tc.unavailable, err)
+		}
+		var mis *idemproxy.MisconfiguredError
+		reason := ""
+		if errors.As(err, &mis) {
+			reason = mis.Reason
+		}
+		if reason != tc.permanent || errors.Is(err, idemproxy.ErrMisconfigured) != (tc.permanent != "") {
+			t.Errorf("%s: permanent reason %q (errors.Is(ErrMisconfigured) = %v), want %q",
+				tc.name, reason, errors.Is(err, idemproxy.ErrMisconfigured), tc.permanent)
 		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {

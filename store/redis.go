@@ -203,6 +203,13 @@ func redactURLError(err error) error {
 	return err
 }
 
+// ReasonEvictingPolicy is the reason of the *idemproxy.MisconfiguredError
+// Check returns for a Redis whose maxmemory-policy may evict keys.
+const ReasonEvictingPolicy = "maxmemory-policy may evict keys"
+
+// Capabilities reports a store shared by replicas over the network.
+func (r *Redis) Capabilities() idemproxy.Capabilities { return idemproxy.Capabilities{Shared: true} }
+
 // Close closes every connection. The store is unusable afterwards.
 func (r *Redis) Close() error {
 	if r.pipeline != nil {
@@ -479,7 +486,8 @@ func (r *Redis) Ping(ctx context.Context) error {
 // operation: it claims, releases, claims, completes, looks up and deletes
 // a key of its own under the nil tenant. A Redis that cannot be reached
 // gives an error satisfying errors.Is(err, idemproxy.ErrUnavailable): try
-// again later; any other error will not pass by retrying.
+// again later. A check that retrying will not pass fails with an
+// *idemproxy.MisconfiguredError (which satisfies ErrUnavailable too).
 func (r *Redis) Check(ctx context.Context) error {
 	policyCtx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	err := r.eachMaster(policyCtx, func(ctx context.Context, c redis.Cmdable) error {
@@ -488,8 +496,9 @@ func (r *Redis) Check(ctx context.Context) error {
 			return err
 		}
 		if policy != "noeviction" {
-			return fmt.Errorf("store: redis maxmemory-policy is %q: Redis may evict idempotency keys under memory pressure, "+
-				"letting a retried command run twice; set maxmemory-policy noeviction on the server", policy)
+			return idemproxy.Misconfigured(ReasonEvictingPolicy, fmt.Errorf("redis maxmemory-policy is %q: Redis may evict "+
+				"idempotency keys under memory pressure, letting a retried command run twice; "+
+				"set maxmemory-policy noeviction on the server", policy))
 		}
 		return nil
 	})
@@ -499,7 +508,8 @@ func (r *Redis) Check(ctx context.Context) error {
 	}
 	var se *redisServerError
 	if err := r.probe(ctx); errors.As(err, &se) {
-		return fmt.Errorf("store: redis refused an operation idemproxy needs (check the user's ACL): %s", se.msg)
+		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
+			fmt.Errorf("redis refused an operation idemproxy needs (check the user's ACL): %s", se.msg))
 	} else if err != nil {
 		return err
 	}
@@ -551,9 +561,10 @@ func maxmemoryPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
 	if err != nil && !redis.IsPermissionError(err) {
 		return "", redisFailure("check", err)
 	}
-	return "", fmt.Errorf("store: redis maxmemory-policy cannot be read (INFO memory: %v; CONFIG GET maxmemory-policy: %v): "+
-		"idemproxy needs noeviction and will not start without knowing it; allow the user INFO or CONFIG GET",
-		describe(infoErr, "no maxmemory_policy field"), describe(err, "not answered"))
+	return "", idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied, fmt.Errorf(
+		"redis maxmemory-policy cannot be read (INFO memory: %v; CONFIG GET maxmemory-policy: %v): "+
+			"idemproxy needs noeviction and will not start without knowing it; allow the user INFO or CONFIG GET",
+		describe(infoErr, "no maxmemory_policy field"), describe(err, "not answered")))
 }
 
 // describe describes err, or says what was missing when there was none.
@@ -629,25 +640,32 @@ func redisMalformed(op string, v any) error {
 	return fmt.Errorf("%w: redis %s: unexpected reply %T", idemproxy.ErrUnavailable, op, v)
 }
 
-// redisRefused reports whether Redis refused the client's credentials or
-// permissions (WRONGPASS, NOAUTH, NOPERM): retrying will not help. It is
-// the one place that classifies a Redis error as permanent.
-func redisRefused(err error) bool {
-	return redis.IsAuthError(err) || redis.IsPermissionError(err)
+// redisRefusal names the cause when Redis refused the client's
+// credentials (WRONGPASS, NOAUTH) or permissions (NOPERM), which retrying
+// will not cure, and is "" for any other error.
+func redisRefusal(err error) string {
+	switch {
+	case redis.IsAuthError(err):
+		return idemproxy.ReasonAuthentication
+	case redis.IsPermissionError(err):
+		return idemproxy.ReasonPermissionDenied
+	default:
+		return ""
+	}
 }
 
 // redisFailure turns an error from the client into the store's. Refused
-// credentials or permissions are named as such and are permanent; anything
+// credentials or permissions are an *idemproxy.MisconfiguredError; anything
 // else means the store could not be used and satisfies
-// errors.Is(err, idemproxy.ErrUnavailable). The client's error is kept as
+// errors.Is(err, idemproxy.ErrUnavailable) (so does a MisconfiguredError). The client's error is kept as
 // text only, so that no go-redis type leaves the package; a context's
 // deadline or cancellation stays matchable with errors.Is.
 func redisFailure(op string, err error) error {
 	if errors.Is(err, idemproxy.ErrUnavailable) {
 		return fmt.Errorf("redis %s: %w", op, err)
 	}
-	if redisRefused(err) {
-		return fmt.Errorf("store: redis %s refused (permanent: check the user and password in the URL and the user's ACL): %v", op, err)
+	if reason := redisRefusal(err); reason != "" {
+		return idemproxy.Misconfigured(reason, fmt.Errorf("redis %s: %v (check the user and password in the URL and the user's ACL)", op, err))
 	}
 	for _, ce := range []error{context.DeadlineExceeded, context.Canceled} {
 		if errors.Is(err, ce) {

@@ -117,8 +117,8 @@ func reportCPU(b *testing.B, srv *redistest.Server) func() {
 	client, server := processCPU(), serverCPU()
 	return func() {
 		n := float64(b.N)
-		b.ReportMetric(float64((processCPU() - client).Microseconds())/n, "client-cpu-µs/op")
-		b.ReportMetric(float64((serverCPU() - server).Microseconds())/n, "server-cpu-µs/op")
+		b.ReportMetric(float64((processCPU()-client).Microseconds())/n, "client-cpu-µs/op")
+		b.ReportMetric(float64((serverCPU()-server).Microseconds())/n, "server-cpu-µs/op")
 	}
 }
 

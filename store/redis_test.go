@@ -18,10 +18,9 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
-var _ proxy.Store = (*Redis)(nil)
+var _ idemproxy.Store = (*Redis)(nil)
 
 // newTestRedis opens a store with a key prefix of its own, closed when the
 // test ends.
@@ -55,6 +54,12 @@ func redisHarness(t *testing.T, opts RedisOptions) harness {
 		n, err := r.c.Eval(t.Context(), ageLua, []string{r.key(tenant, key)}).Int()
 		if err != nil || n != 1 {
 			t.Fatalf("expire (%s, %q): %d, %v", tenant, key, n, err)
+		}
+	}, setCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
+		t.Helper()
+		n, err := r.c.HSet(t.Context(), r.key(tenant, key), "ca", strconv.FormatInt(at.UnixMicro(), 10)).Result()
+		if err != nil || n != 0 {
+			t.Fatalf("setCreated (%s, %q): %d fields added, %v", tenant, key, n, err)
 		}
 	}}
 }
@@ -147,6 +152,21 @@ func TestRedisKeyEncoding(t *testing.T) {
 			}
 			claims[pair{tenant, key}] = c
 		}
+	}
+	// List decodes every key back, and keeps to its tenant.
+	page, err := r.List(t.Context(), tenants[0], idemproxy.ListOptions{Limit: idemproxy.MaxListLimit})
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	var listed []string
+	for _, e := range page.Entries {
+		if e.Tenant != tenants[0] {
+			t.Errorf("List of tenant %s returned an entry of %s", tenants[0], e.Tenant)
+		}
+		listed = append(listed, e.Key)
+	}
+	if slices.Sort(listed); !slices.Equal(listed, slices.Sorted(slices.Values(keys))) {
+		t.Errorf("List returned keys %q, want %q", listed, slices.Sorted(slices.Values(keys)))
 	}
 	for p, c := range claims {
 		e, err := r.Lookup(t.Context(), p.tenant, p.key)
@@ -468,8 +488,8 @@ func testRedisOutage(t *testing.T, opts RedisOptions) {
 		fault.cause()
 		c := newClaim(tenant, "during-"+fault.name, "a")
 		for name, op := range redisOps(r, c) {
-			if err := op(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {
-				t.Errorf("%s with Redis %s: got %v, want ErrUnavailable", name, fault.name, err)
+			if err := op(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) || errors.Is(err, idemproxy.ErrMisconfigured) {
+				t.Errorf("%s with Redis %s: got %v, want ErrUnavailable, not misconfigured", name, fault.name, err)
 			}
 		}
 		fault.heal()
@@ -478,8 +498,8 @@ func testRedisOutage(t *testing.T, opts RedisOptions) {
 }
 
 // TestRedisRefused: wrong or missing credentials, and an ACL that forbids
-// what the store needs, are permanent errors named as such — never
-// ErrUnavailable, which would be retried forever.
+// what the store needs, are permanent errors (idemproxy.ErrMisconfigured)
+// naming the cause, which the command does not retry forever.
 func TestRedisRefused(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t, "--requirepass", "secret")
@@ -498,7 +518,7 @@ func TestRedisRefused(t *testing.T) {
 		ops []string
 	}{
 		{"wrong password", at(":wrong"), "WRONGPASS", nil},
-		{"no password", "redis://" + srv.Addr() + "/0", "permanent", nil},
+		{"no password", "redis://" + srv.Addr() + "/0", "authentication failed", nil},
 		{"user without the scripting commands", at("noscripts:pw"), "NOPERM", []string{"claim", "complete", "release", "lookup", "delete", "check"}},
 		{"user whose scripts may not write", at("nowrites:pw"), "refused an operation idemproxy needs", []string{"check"}},
 		{"user that may read neither INFO nor CONFIG", at("blind:pw"), "maxmemory-policy cannot be read", []string{"check"}},
@@ -510,7 +530,7 @@ func TestRedisRefused(t *testing.T) {
 					continue
 				}
 				err := op(t.Context())
-				if err == nil || errors.Is(err, idemproxy.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				if !errors.Is(err, idemproxy.ErrMisconfigured) || !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("%s: got %v, want a permanent error naming %s", name, err, tc.want)
 				}
 			}
@@ -538,7 +558,7 @@ func TestRedisMaxmemoryPolicy(t *testing.T) {
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"} {
 		srv.Do("", "CONFIG", "SET", "maxmemory-policy", policy)
 		err := r.Check(t.Context())
-		if err == nil || errors.Is(err, idemproxy.ErrUnavailable) ||
+		if !errors.Is(err, idemproxy.ErrMisconfigured) ||
 			!strings.Contains(err.Error(), "maxmemory-policy") || !strings.Contains(err.Error(), policy) {
 			t.Errorf("%s: got %v, want a permanent error naming maxmemory-policy and %s", policy, err, policy)
 		}
@@ -620,8 +640,8 @@ func TestRedisFull(t *testing.T) {
 	if err := r.Complete(t.Context(), completion(c, 201, nil)); !errors.Is(err, idemproxy.ErrUnavailable) {
 		t.Errorf("Complete with Redis full: got %v, want ErrUnavailable", err)
 	}
-	if err := r.Check(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {
-		t.Errorf("Check with Redis full: got %v, want ErrUnavailable (transient)", err)
+	if err := r.Check(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) || errors.Is(err, idemproxy.ErrMisconfigured) {
+		t.Errorf("Check with Redis full: got %v, want ErrUnavailable, not misconfigured (it passes)", err)
 	}
 	e, err := r.Lookup(t.Context(), c.Tenant, c.Key)
 	if err != nil {

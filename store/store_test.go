@@ -3,9 +3,12 @@ package store
 import (
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,20 +16,22 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 var (
-	_ proxy.Store = (*Memory)(nil)
-	_ proxy.Store = (*Postgres)(nil)
+	_ idemproxy.Store = (*Memory)(nil)
+	_ idemproxy.Store = (*Postgres)(nil)
 )
 
 // harness is one store under test and a way to age its entries.
 type harness struct {
-	store proxy.Store
+	store idemproxy.Store
 	// expire moves the end of (tenant, key)'s lease, or of its record,
 	// into the past, as if time had passed.
 	expire func(t *testing.T, tenant uuid.UUID, key string)
+	// setCreated sets (tenant, key)'s creation time, as the store keeps
+	// it, to at.
+	setCreated func(t *testing.T, tenant uuid.UUID, key string, at time.Time)
 }
 
 const (
@@ -52,7 +57,7 @@ func completion(c idemproxy.Claim, status int, resp *idemproxy.Response) idempro
 	}
 }
 
-func mustClaim(t *testing.T, s proxy.Store, c idemproxy.Claim) idemproxy.ClaimResult {
+func mustClaim(t *testing.T, s idemproxy.Store, c idemproxy.Claim) idemproxy.ClaimResult {
 	t.Helper()
 	res, err := s.Claim(t.Context(), c)
 	if err != nil {
@@ -118,7 +123,7 @@ func checkRecord(t *testing.T, e idemproxy.Entry, c idemproxy.Claim, status int,
 	}
 }
 
-// testStore holds a store to the contract of proxy.Store, as the memory
+// testStore holds a store to the contract of idemproxy.Store, as the memory
 // store defines it. newStore returns a fresh store (or a fresh view of a
 // shared one); every subtest uses its own tenant.
 func testStore(t *testing.T, newStore func(t *testing.T) harness) {
@@ -443,6 +448,143 @@ func testStore(t *testing.T, newStore func(t *testing.T) harness) {
 		}
 	})
 
+	t.Run("list pages through a tenant's live keys, newest first", func(t *testing.T) {
+		h := newStore(t)
+		tenant := uuid.New()
+		if page, err := h.store.List(t.Context(), tenant, idemproxy.ListOptions{}); err != nil || len(page.Entries) != 0 || page.Next != nil {
+			t.Fatalf("List of a tenant without keys: %+v, %v; want an empty last page", page, err)
+		}
+		var live []string
+		for i := range 8 {
+			c := newClaim(tenant, fmt.Sprintf("k%d", i), "a")
+			mustClaim(t, h.store, c)
+			if i%2 == 0 { // a record, with a stored response that List leaves out
+				resp := &idemproxy.Response{Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("ok")}
+				if err := h.store.Complete(t.Context(), completion(c, 201, resp)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			live = append(live, c.Key)
+		}
+		// Not listed: an ended lock, an expired record, another tenant's key.
+		ended := newClaim(tenant, "ended-lock", "a")
+		mustClaim(t, h.store, ended)
+		h.expire(t, tenant, ended.Key)
+		expired := newClaim(tenant, "expired-record", "a")
+		mustClaim(t, h.store, expired)
+		if err := h.store.Complete(t.Context(), completion(expired, 200, nil)); err != nil {
+			t.Fatal(err)
+		}
+		h.expire(t, tenant, expired.Key)
+		mustClaim(t, h.store, newClaim(uuid.New(), "other-tenant", "a"))
+
+		// The expected order, from what Lookup reports.
+		want := map[string]idemproxy.Entry{}
+		for _, key := range live {
+			e, err := h.store.Lookup(t.Context(), tenant, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Response = nil
+			want[key] = e
+		}
+		order := slices.Clone(live)
+		slices.SortFunc(order, func(a, b string) int {
+			if c := want[b].CreatedAt.Compare(want[a].CreatedAt); c != 0 {
+				return c
+			}
+			return strings.Compare(b, a)
+		})
+
+		var got []string
+		opts := idemproxy.ListOptions{Limit: 3}
+		for pages := 0; ; pages++ {
+			if pages > 3 {
+				t.Fatalf("more pages than 8 keys in pages of 3 can fill; so far %v", got)
+			}
+			page, err := h.store.List(t.Context(), tenant, opts)
+			if err != nil {
+				t.Fatalf("List: %v", err)
+			}
+			if len(page.Entries) > 3 {
+				t.Fatalf("a page of %d entries, over its limit of 3", len(page.Entries))
+			}
+			for _, e := range page.Entries {
+				w := want[e.Key]
+				if e.Tenant != tenant || e.State != w.State || e.CommandID != w.CommandID || e.Status != w.Status ||
+					e.Fingerprint != w.Fingerprint || !e.CreatedAt.Equal(w.CreatedAt) || !e.ExpiresAt.Equal(w.ExpiresAt) ||
+					e.Remaining <= 0 || e.Response != nil {
+					t.Errorf("listed %+v, want %+v as Lookup has it (without the response)", e, w)
+				}
+				got = append(got, e.Key)
+			}
+			if page.Next == nil {
+				break
+			}
+			if len(page.Entries) != 3 {
+				t.Fatalf("a page of %d entries before the last one", len(page.Entries))
+			}
+			opts.After = page.Next
+		}
+		if !slices.Equal(got, order) {
+			t.Errorf("listed %v, want %v", got, order)
+		}
+	})
+
+	t.Run("list orders keys created together by key, across pages", func(t *testing.T) {
+		h := newStore(t)
+		tenant := uuid.New()
+		at := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+		for _, key := range []string{"b", "a", "c", "B", "d"} {
+			mustClaim(t, h.store, newClaim(tenant, key, "a"))
+			h.setCreated(t, tenant, key, at)
+		}
+		mustClaim(t, h.store, newClaim(tenant, "newest", "a"))
+		var got []string
+		opts := idemproxy.ListOptions{Limit: 2}
+		for range 4 {
+			page, err := h.store.List(t.Context(), tenant, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range page.Entries {
+				got = append(got, e.Key)
+			}
+			if page.Next == nil {
+				break
+			}
+			opts.After = page.Next
+		}
+		// Byte order: upper case before lower case.
+		if want := []string{"newest", "d", "c", "b", "a", "B"}; !slices.Equal(got, want) {
+			t.Errorf("listed %v, want %v", got, want)
+		}
+	})
+
+	t.Run("list limits", func(t *testing.T) {
+		h := newStore(t)
+		tenant := uuid.New()
+		for i := range idemproxy.DefaultListLimit + 1 {
+			mustClaim(t, h.store, newClaim(tenant, fmt.Sprintf("k%03d", i), "a"))
+		}
+		page, err := h.store.List(t.Context(), tenant, idemproxy.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Entries) != idemproxy.DefaultListLimit || page.Next == nil {
+			t.Errorf("limit 0: %d entries, next %v; want the default %d and a next page",
+				len(page.Entries), page.Next, idemproxy.DefaultListLimit)
+		}
+		page, err = h.store.List(t.Context(), tenant, idemproxy.ListOptions{Limit: idemproxy.DefaultListLimit + 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Entries) != idemproxy.DefaultListLimit+1 || page.Next != nil {
+			t.Errorf("a limit that takes every key: %d entries, next %v; want all %d and no next page",
+				len(page.Entries), page.Next, idemproxy.DefaultListLimit+1)
+		}
+	})
+
 	t.Run("ping", func(t *testing.T) {
 		h := newStore(t)
 		if err := h.store.Ping(t.Context()); err != nil {
@@ -455,7 +597,8 @@ func TestMemoryContract(t *testing.T) {
 	testStore(t, func(t *testing.T) harness {
 		m := NewMemory(MemoryOptions{SweepInterval: -1})
 		t.Cleanup(func() { m.Close() })
-		return harness{store: m, expire: func(t *testing.T, tenant uuid.UUID, key string) {
+		// edit changes the entry of (tenant, key) in place.
+		edit := func(t *testing.T, tenant uuid.UUID, key string, f func(*memEntry)) {
 			t.Helper()
 			k := memKey{tenant, key}
 			sh := m.shard(tenant, key)
@@ -463,11 +606,18 @@ func TestMemoryContract(t *testing.T) {
 			defer sh.mu.Unlock()
 			e, ok := sh.m[k]
 			if !ok {
-				t.Fatalf("expire: no entry for (%s, %q)", tenant, key)
+				t.Fatalf("no entry for (%s, %q)", tenant, key)
 			}
-			e.expires = m.now().Add(-time.Second).UnixNano()
+			f(&e)
 			sh.m[k] = e
 			sh.earliest = min(sh.earliest, e.expires)
+		}
+		return harness{store: m, expire: func(t *testing.T, tenant uuid.UUID, key string) {
+			t.Helper()
+			edit(t, tenant, key, func(e *memEntry) { e.expires = m.now().Add(-time.Second).UnixNano() })
+		}, setCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
+			t.Helper()
+			edit(t, tenant, key, func(e *memEntry) { e.created = at.UnixNano() })
 		}}
 	})
 }
@@ -479,6 +629,12 @@ func TestPostgresContract(t *testing.T) {
 		return harness{store: p, expire: func(t *testing.T, tenant uuid.UUID, key string) {
 			t.Helper()
 			ageRow(t, url, tenant, key, false)
+		}, setCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
+			t.Helper()
+			if n := execSQL(t, url, `UPDATE idempotency_keys SET created_at = $3 WHERE tenant_id = $1 AND key = $2`,
+				tenant, key, at); n != 1 {
+				t.Fatalf("setCreated (%s, %q): %d rows updated", tenant, key, n)
+			}
 		}}
 	})
 }

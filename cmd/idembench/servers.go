@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -233,7 +234,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 				return nil, err
 			}
 			e.closes = append(e.closes, closeRedis)
-			var st proxy.Store = rd
+			var st idemproxy.Store = rd
 			if name == targetRedis {
 				st = proxy.CacheRecords(rd, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
 			}
@@ -254,7 +255,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 // serveIdemproxy builds idemproxy as cmd/idemproxy does, with the default
 // configuration (mode noop, header tenancy, registered metrics), and
 // serves it.
-func serveIdemproxy(name string, upstreamURL *url.URL, st proxy.Store, resolver *tenancy.Resolver, logger *slog.Logger) (*server, error) {
+func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resolver *tenancy.Resolver, logger *slog.Logger) (*server, error) {
 	p, err := proxy.New(proxy.Config{
 		Upstream:        upstreamURL,
 		Store:           st,

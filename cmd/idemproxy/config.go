@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,63 +19,70 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // Config is the whole configuration, read from IDEMPROXY_* variables. The
-// variable names are public interface (SPEC §7); desc feeds --help.
+// variable names are public interface (SPEC §7); desc feeds --help. Two
+// more tags are read by loadConfig and configWarnings: enum lists the
+// values a variable (or each element of a list) may take, matched
+// case-insensitively and stored as spelled in the tag; only names the
+// setting (VAR=value, or VAR=element for a list; VAR=a|b for either)
+// without which the variable is ignored, so that setting it anyway draws a
+// warning.
 type Config struct {
 	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
 	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
-	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
-	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
-	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
+	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres,redis" desc:"memory, postgres or redis"`
+	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" desc:"libpq URL, required for the postgres store"`
+	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" enum:"noop,strict,replay" desc:"answer to a retried key: noop, strict or replay"`
 
 	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
-	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
-	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
-	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
-	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
-	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
-	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking the store again"`
-	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
+	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"apply the Postgres migrations at start (postgres store)"`
+	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" desc:"largest Postgres connection pool"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"how often expired Postgres rows are purged"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
+	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
+	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
 
-	RedisURL          string `env:"IDEMPROXY_REDIS_URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
-	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
-	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" desc:"largest Redis connection pool per Redis node"`
-	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
-	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" only:"IDEMPROXY_STORE=redis" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
+	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" only:"IDEMPROXY_STORE=redis" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
-	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," desc:"ordered list of header, jwt"`
+	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," enum:"header,jwt" desc:"ordered list of header, jwt"`
 	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
-	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" desc:"JWT claim carrying the tenant UUID"`
-	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" desc:"shared secret for HS256 tokens"`
-	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
-	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" desc:"JWKS refresh interval"`
-	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" desc:"PEM public key file for RS256/ES256 tokens"`
-	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" desc:"required iss, when set"`
-	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" desc:"required aud, when set"`
+	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWT claim carrying the tenant UUID"`
+	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"shared secret for HS256 tokens"`
+	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
+	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWKS refresh interval"`
+	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"PEM public key file for RS256/ES256 tokens"`
+	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"required iss, when set"`
+	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"required aud, when set"`
 
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT"`
 	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"bound on a keyed command and on waiting for response headers"`
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
-	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," desc:"methods that must carry a key (e.g. POST,PUT)"`
+	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," enum:"POST,PUT,PATCH,DELETE" desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
 	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
 	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
-	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" desc:"largest response body kept for mode replay"`
-	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" desc:"bound on locks plus records in the memory store"`
-	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
-	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
+	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" desc:"largest response body kept for mode replay"`
+	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" desc:"bound on locks plus records in the memory store"`
+	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
+	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
-	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
+	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" enum:"debug,info,warn,error" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
 
@@ -86,26 +96,111 @@ func configVars() []reflect.StructField {
 	return fields
 }
 
-// loadConfig reads and validates the configuration. Every error names the
-// variable and why it is wrong, and never echoes a secret's value.
-func loadConfig(getenv func(string) string) (Config, error) {
-	environ := map[string]string{}
+// loadConfig reads and validates the configuration from environ
+// ("NAME=value" entries; of a name given twice the last one counts).
+// Enumerated values and booleans are read case-insensitively. Every error
+// names the variable and why it is wrong, in the user's terms, and never
+// echoes a secret's value.
+func loadConfig(environ []string) (Config, error) {
+	all := environMap(environ)
+	vars := map[string]string{}
 	byField := map[string]string{}
 	for _, f := range configVars() {
 		name := f.Tag.Get("env")
 		byField[f.Name] = name
-		if v := getenv(name); v != "" {
-			environ[name] = v
+		if v := all[name]; v != "" {
+			vars[name] = normalise(f, v)
 		}
 	}
-	cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: environ})
+	cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: vars})
 	if err != nil {
-		return Config{}, explainEnvError(err, byField)
+		return Config{}, explainEnvError(err, byField, vars)
 	}
-	return cfg, cfg.validate()
+	return cfg, errors.Join(checkEnums(cfg), cfg.validate())
 }
 
-func explainEnvError(err error, byField map[string]string) error {
+// environMap turns "NAME=value" entries into a map; the last of a name wins.
+func environMap(environ []string) map[string]string {
+	m := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// normalise spells an enumerated value (each element of a list) as its
+// enum tag does, when it matches one case-insensitively, and lower-cases a
+// boolean, so that TRUE and True parse.
+func normalise(f reflect.StructField, v string) string {
+	if f.Type.Kind() == reflect.Bool {
+		return strings.ToLower(strings.TrimSpace(v))
+	}
+	enum := f.Tag.Get("enum")
+	if enum == "" {
+		return v
+	}
+	canon := func(s string) string {
+		s = strings.TrimSpace(s)
+		for _, want := range strings.Split(enum, ",") {
+			if strings.EqualFold(s, want) {
+				return want
+			}
+		}
+		return s
+	}
+	if sep := f.Tag.Get("envSeparator"); sep != "" {
+		parts := strings.Split(v, sep)
+		for i, p := range parts {
+			parts[i] = canon(p)
+		}
+		return strings.Join(parts, sep)
+	}
+	return canon(v)
+}
+
+// checkEnums reports every enumerated variable whose value (or an element
+// of whose list) is not one of its enum tag's.
+func checkEnums(cfg Config) error {
+	var errs []error
+	v := reflect.ValueOf(cfg)
+	for i, f := range configVars() {
+		enum := f.Tag.Get("enum")
+		if enum == "" {
+			continue
+		}
+		allowed := strings.Split(enum, ",")
+		choices := strings.Join(allowed[:len(allowed)-1], ", ") + " or " + allowed[len(allowed)-1]
+		if len(allowed) == 1 {
+			choices = allowed[0]
+		}
+		var values []string
+		list := f.Type.Kind() == reflect.Slice
+		if list {
+			values = v.Field(i).Interface().([]string)
+		} else {
+			values = []string{v.Field(i).String()}
+		}
+		for _, got := range values {
+			if slices.Contains(allowed, got) {
+				continue
+			}
+			if list {
+				errs = append(errs, fmt.Errorf("%s must list %s (comma-separated), got %q", f.Tag.Get("env"), choices, got))
+			} else {
+				errs = append(errs, fmt.Errorf("%s must be %s, got %q", f.Tag.Get("env"), choices, got))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// explainEnvError turns the parser's errors into the user's terms: what
+// kind of value the variable needs, with an example, and the value given
+// (never a string variable's, which could be a secret: only numbers,
+// durations and booleans fail to parse).
+func explainEnvError(err error, byField, environ map[string]string) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return err
@@ -113,13 +208,116 @@ func explainEnvError(err error, byField map[string]string) error {
 	var msgs []string
 	for _, e := range agg.Errors {
 		var pe env.ParseError
-		if errors.As(e, &pe) {
-			msgs = append(msgs, fmt.Sprintf("%s: cannot parse as %s: %v", byField[pe.Name], pe.Type, pe.Err))
+		if !errors.As(e, &pe) {
+			msgs = append(msgs, e.Error())
 			continue
 		}
-		msgs = append(msgs, e.Error())
+		name := byField[pe.Name]
+		got := strings.TrimSpace(environ[name])
+		switch kind := pe.Type; {
+		case kind == reflect.TypeFor[time.Duration]():
+			if _, nerr := strconv.ParseFloat(got, 64); nerr == nil {
+				msgs = append(msgs, fmt.Sprintf("%s=%s needs a unit, e.g. %ss (or ms, m, h)", name, got, got))
+			} else {
+				msgs = append(msgs, fmt.Sprintf("%s must be a duration such as 30s, 500ms, 5m or 1h30m, got %q", name, got))
+			}
+		case kind.Kind() == reflect.Bool:
+			msgs = append(msgs, fmt.Sprintf("%s must be true or false, got %q", name, got))
+		case kind.Kind() >= reflect.Int && kind.Kind() <= reflect.Uint64:
+			msgs = append(msgs, fmt.Sprintf("%s must be a whole number, got %q", name, got))
+		default:
+			msgs = append(msgs, fmt.Sprintf("%s cannot be read as %s: %v", name, kind, pe.Err))
+		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// configWarnings names the IDEMPROXY_* variables of environ that idemproxy
+// does not know (a typo: the nearest known name is suggested), and those
+// set to a non-empty value that cfg ignores (their only tag is not met).
+func configWarnings(environ []string, cfg Config) []string {
+	set := environMap(environ)
+	known := map[string]reflect.StructField{}
+	fieldOf := map[string]int{}
+	for i, f := range configVars() {
+		known[f.Tag.Get("env")] = f
+		fieldOf[f.Tag.Get("env")] = i
+	}
+	var warnings []string
+	names := slices.Sorted(maps.Keys(set))
+	for _, name := range names {
+		if !strings.HasPrefix(name, "IDEMPROXY_") {
+			continue
+		}
+		f, ok := known[name]
+		if !ok {
+			w := name + " is not an idemproxy variable and is ignored"
+			if near := nearestName(name, known); near != "" {
+				w += "; did you mean " + near + "?"
+			}
+			warnings = append(warnings, w)
+			continue
+		}
+		cond := f.Tag.Get("only")
+		if cond == "" || set[name] == "" {
+			continue
+		}
+		onVar, wants, _ := strings.Cut(cond, "=")
+		field := reflect.ValueOf(cfg).Field(fieldOf[onVar])
+		met := false
+		for want := range strings.SplitSeq(wants, "|") {
+			if list, ok := field.Interface().([]string); ok {
+				met = met || slices.Contains(list, want)
+			} else {
+				met = met || field.String() == want
+			}
+		}
+		if !met {
+			warnings = append(warnings, fmt.Sprintf("%s is set but ignored: it applies only with %s (%s is %s)",
+				name, cond, onVar, describe(field)))
+		}
+	}
+	return warnings
+}
+
+func describe(v reflect.Value) string {
+	if list, ok := v.Interface().([]string); ok {
+		return strings.Join(list, ",")
+	}
+	return v.String()
+}
+
+// nearestName returns the known name closest to name by edit distance, if
+// it is close enough to be a typo of it.
+func nearestName(name string, known map[string]reflect.StructField) string {
+	best, bestDist := "", 4
+	for k := range known {
+		if d := editDistance(name, k); d < bestDist || (d == bestDist && k < best) {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func (c Config) validate() error {
@@ -140,30 +338,19 @@ func (c Config) validate() error {
 	} else if u, err := url.Parse(c.UpstreamURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("IDEMPROXY_UPSTREAM_URL", "must be an absolute http or https URL, got %q", c.UpstreamURL)
 	}
-	switch c.Store {
-	case "memory":
-	case "postgres":
+	if c.Store == "postgres" {
 		if c.DatabaseURL == "" {
 			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
+		} else if err := store.CheckURL(c.DatabaseURL); err != nil {
+			bad("IDEMPROXY_DATABASE_URL", "%v", err)
 		}
-	case "redis":
-		if c.RedisURL == "" {
-			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
-		}
-	default:
-		bad("IDEMPROXY_STORE", "must be memory, postgres or redis, got %q", c.Store)
 	}
-	switch proxy.Mode(c.Mode) {
-	case proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay:
-	default:
-		bad("IDEMPROXY_MODE", "must be noop, strict or replay, got %q", c.Mode)
+	if c.Store == "redis" && c.RedisURL == "" {
+		bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
 	}
 	seen := map[string]bool{}
 	for _, s := range c.TenantSource {
-		s = strings.TrimSpace(s)
-		if s != string(tenancy.SourceHeader) && s != string(tenancy.SourceJWT) {
-			bad("IDEMPROXY_TENANT_SOURCE", "must list header and/or jwt, got %q", s)
-		} else if seen[s] {
+		if seen[s] {
 			bad("IDEMPROXY_TENANT_SOURCE", "lists %q twice", s)
 		}
 		seen[s] = true
@@ -205,13 +392,6 @@ func (c Config) validate() error {
 	} else if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
 		bad("IDEMPROXY_LOCK_TIMEOUT", "must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT (%s <= %s): a command must be able to record itself within its lease",
 			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
-	}
-	for _, m := range c.RequireKey {
-		switch strings.ToUpper(strings.TrimSpace(m)) {
-		case "POST", "PUT", "PATCH", "DELETE":
-		default:
-			bad("IDEMPROXY_REQUIRE_KEY", "must list POST, PUT, PATCH or DELETE, got %q", m)
-		}
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("IDEMPROXY_MAX_BODY_BYTES", "must be positive, got %d", c.MaxBodyBytes)
@@ -264,9 +444,6 @@ func (c Config) validate() error {
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		bad("IDEMPROXY_LOG_LEVEL", "%v", err)
-	}
 	return errors.Join(errs...)
 }
 
@@ -280,12 +457,12 @@ func (c Config) drainBudget() time.Duration {
 	return c.ShutdownDelay + c.BodyTimeout + c.UpstreamTimeout + 5*c.StoreTimeout + 5*time.Second
 }
 
-func parseLevel(s string) (slog.Level, error) {
+// logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of its enum tag's
+// values; anything else means info.
+func logLevel(s string) slog.Level {
 	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("must be debug, info, warn or error, got %q", s)
-	}
-	return l, nil
+	_ = l.UnmarshalText([]byte(s))
+	return l
 }
 
 // tenancyConfig turns the JWT settings into a tenancy.Config.
@@ -327,11 +504,15 @@ effect upstream at most once per (tenant, key).
 Usage:
   idemproxy                    run the proxy (configured by the environment)
   idemproxy demo               run the proxy in front of a bundled demo "orders" service
+                               (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
   idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
   idemproxy migrate up|down|status
-                               apply, roll back or show the Postgres migrations
-  idemproxy keys get|delete -tenant T -key K
-                               look up or delete a key through the admin API
+                               apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
+  idemproxy keys get|delete -tenant T -key K [-admin ADDR]
+                               look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
+  idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
+                               list a tenant's live keys, newest first (keys -h for more)
+  idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
   idemproxy version            print the version
   idemproxy --help             this text
 

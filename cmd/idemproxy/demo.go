@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -21,6 +23,9 @@ type orders struct {
 	mu     sync.Mutex
 	nextID int
 	list   []order
+	// failed counts, per tenant and Idempotency-Key, the attempts that
+	// ?fail_times made fail.
+	failed map[string]int
 }
 
 type order struct {
@@ -40,12 +45,15 @@ func (o *orders) routes() http.Handler {
 
 // create makes an order. ?delay=2s makes it slow (to show 409 in
 // progress and timeouts); ?fail=500 makes it answer that status without
-// creating anything.
+// creating anything; with &fail_times=N only the first N attempts of each
+// (X-Tenant-ID, Idempotency-Key) fail, so the very same request, retried,
+// fails and then succeeds.
 func (o *orders) create(w http.ResponseWriter, r *http.Request) {
-	if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil && d > 0 && d <= time.Minute {
+	q := r.URL.Query()
+	if d, err := time.ParseDuration(q.Get("delay")); err == nil && d > 0 && d <= time.Minute {
 		time.Sleep(d)
 	}
-	if code, err := strconv.Atoi(r.URL.Query().Get("fail")); err == nil && code >= 400 && code <= 599 {
+	if code, err := strconv.Atoi(q.Get("fail")); err == nil && code >= 400 && code <= 599 && o.shouldFail(r) {
 		http.Error(w, "demo failure requested", code)
 		return
 	}
@@ -66,6 +74,27 @@ func (o *orders) create(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", fmt.Sprintf("/orders/%d", ord.ID))
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(ord)
+}
+
+// shouldFail reports whether a request asking for ?fail fails this time:
+// always, unless ?fail_times=N limits it to the first N attempts of its
+// tenant and key.
+func (o *orders) shouldFail(r *http.Request) bool {
+	times, err := strconv.Atoi(r.URL.Query().Get("fail_times"))
+	if err != nil || times <= 0 {
+		return true
+	}
+	id := r.Header.Get("X-Tenant-ID") + "\x00" + r.Header.Get("Idempotency-Key")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.failed == nil {
+		o.failed = map[string]int{}
+	}
+	if o.failed[id] >= times {
+		return false
+	}
+	o.failed[id]++
+	return true
 }
 
 func (o *orders) index(w http.ResponseWriter, _ *http.Request) {
@@ -117,36 +146,40 @@ func runDemoUpstream(ctx context.Context, getenv func(string) string, stdout io.
 }
 
 // runDemo runs the proxy with the memory store in front of an in-process
-// demo orders service, unless IDEMPROXY_UPSTREAM_URL names another one.
-func runDemo(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	upstream := getenv("IDEMPROXY_UPSTREAM_URL")
+// demo orders service on DEMO_LISTEN_ADDR (default: a free loopback
+// port), unless IDEMPROXY_UPSTREAM_URL names another one. Its admin
+// listener defaults to 127.0.0.1:9090, on loopback only.
+func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
+	vars := environMap(environ)
+	upstream := vars["IDEMPROXY_UPSTREAM_URL"]
 	errc := make(chan error, 1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if upstream == "" {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", cmp.Or(vars["DEMO_LISTEN_ADDR"], "127.0.0.1:0"))
 		if err != nil {
-			return err
+			return fmt.Errorf("DEMO_LISTEN_ADDR: %w", err)
 		}
 		upstream = "http://" + ln.Addr().String()
 		go func() { errc <- serveUntil(ctx, ln, (&orders{}).routes()) }()
 	} else {
 		close(errc)
 	}
-	cfg, err := loadConfig(func(name string) string {
-		if name == "IDEMPROXY_UPSTREAM_URL" {
-			return upstream
-		}
-		return getenv(name)
-	})
+	environ = append(slices.Clip(environ), "IDEMPROXY_UPSTREAM_URL="+upstream)
+	if vars["IDEMPROXY_ADMIN_ADDR"] == "" {
+		environ = append(environ, "IDEMPROXY_ADMIN_ADDR="+demoAdminAddr)
+	}
+	cfg, err := loadConfig(environ)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
+	logWarnings(cfg, configWarnings(environ, cfg), stdout)
 	host, port, _ := net.SplitHostPort(cfg.ListenAddr)
 	if host == "" {
 		host = "localhost"
 	}
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
+		"orders", upstream,
 		"try", "curl -i -X POST "+net.JoinHostPort(host, port)+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
 	err = serve(ctx, cfg, stdout)
 	cancel()
@@ -155,3 +188,8 @@ func runDemo(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 	}
 	return err
 }
+
+// demoAdminAddr is the demo's admin listener unless IDEMPROXY_ADMIN_ADDR
+// says otherwise: loopback only, since the demo is for trying idemproxy
+// out on one machine.
+const demoAdminAddr = "127.0.0.1:9090"

@@ -602,7 +602,7 @@ func TestKubernetesSidecar(t *testing.T) {
 			env[k] = v
 		}
 		env["IDEMPROXY_DATABASE_URL"] = "postgres://placeholder/db" // from the Secret
-		cfg, err := loadConfig(func(k string) string { return env[k] })
+		cfg, err := loadConfig(mapEnv(env))
 		if err != nil {
 			t.Fatalf("the ConfigMap's settings are rejected: %v", err)
 		}

@@ -2,48 +2,108 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// runKeys is "idemproxy keys get|delete": it talks to a running
-// idemproxy's admin API (GET or DELETE /v1/keys?tenant=…&key=…).
+const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-admin ADDR]
+       idemproxy keys list -tenant UUID [-limit N] [-cursor C] [-json] [-admin ADDR]`
+
+const keysUsage = keysSynopsis + `
+
+Talks to a running idemproxy's admin API (/v1/keys) with the bearer token
+in IDEMPROXY_ADMIN_TOKEN.
+  get     show the lock or record of a key
+  delete  remove it, to unstick a key after an incident (audit-logged)
+  list    a tenant's live locks and records, newest first, a page at a time
+
+Flags:
+`
+
+// runKeys is "idemproxy keys get|delete|list": it talks to a running
+// idemproxy's admin API. -h prints the usage and succeeds.
 func runKeys(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	usage := "usage: idemproxy keys get|delete -tenant UUID -key KEY [-admin URL] (token from IDEMPROXY_ADMIN_TOKEN)"
-	if len(args) == 0 || (args[0] != "get" && args[0] != "delete") {
-		return fmt.Errorf("%s", usage)
+	if len(args) == 0 {
+		return errors.New(keysSynopsis)
 	}
-	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	op := args[0]
+	if isHelp(op) {
+		fmt.Fprint(stdout, strings.TrimSuffix(keysUsage, "Flags:\n"))
+		return nil
+	}
+	if op != "get" && op != "delete" && op != "list" {
+		return fmt.Errorf("unknown keys command %q\n%s", op, keysSynopsis)
+	}
+	fs := flag.NewFlagSet("keys "+op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	tenant := fs.String("tenant", "", "tenant UUID")
-	key := fs.String("key", "", "idempotency key")
-	admin := fs.String("admin", defaultAdminURL(getenv("IDEMPROXY_ADMIN_ADDR")), "admin listener base URL")
+	key := fs.String("key", "", "idempotency key (get, delete)")
+	limit := fs.Int("limit", 0, "most keys per page (list; default 50, at most 1000)")
+	cursor := fs.String("cursor", "", "continue a listing where the previous page ended (list)")
+	asJSON := fs.Bool("json", false, "print the admin API's JSON (list)")
+	admin := fs.String("admin", getenv("IDEMPROXY_ADMIN_ADDR"),
+		"admin listener: host:port as in IDEMPROXY_ADMIN_ADDR (default), or a URL")
 	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("%v; %s", err, usage)
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, keysUsage)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return nil
+		}
+		return fmt.Errorf("keys %s: %v (idemproxy keys -h for the usage)", op, err)
 	}
-	if *tenant == "" || *key == "" {
-		return fmt.Errorf("-tenant and -key are required; %s", usage)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("keys %s: unexpected argument %q (idemproxy keys -h for the usage)", op, fs.Arg(0))
+	}
+	if *tenant == "" || (op != "list" && *key == "") {
+		required := "-tenant and -key are"
+		if op == "list" {
+			required = "-tenant is"
+		}
+		return fmt.Errorf("keys %s: %s required (idemproxy keys -h for the usage)", op, required)
+	}
+	base, err := adminURL(*admin)
+	if err != nil {
+		return fmt.Errorf("keys %s: -admin: %w", op, err)
 	}
 	token := getenv("IDEMPROXY_ADMIN_TOKEN")
 	if token == "" {
-		return fmt.Errorf("IDEMPROXY_ADMIN_TOKEN is not set: the admin key API needs it")
+		return errors.New("IDEMPROXY_ADMIN_TOKEN is not set: the admin key API needs it")
 	}
+
+	q := url.Values{"tenant": {*tenant}}
 	method := http.MethodGet
-	if args[0] == "delete" {
+	switch op {
+	case "delete":
 		method = http.MethodDelete
+		q.Set("key", *key)
+	case "get":
+		q.Set("key", *key)
+	case "list":
+		if *limit != 0 {
+			q.Set("limit", strconv.Itoa(*limit))
+		}
+		if *cursor != "" {
+			q.Set("cursor", *cursor)
+		}
 	}
-	q := url.Values{"tenant": {*tenant}, "key": {*key}}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(*admin, "/")+"/v1/keys?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, method, base+"/v1/keys?"+q.Encode(), nil)
 	if err != nil {
-		return fmt.Errorf("-admin: %w", err)
+		return fmt.Errorf("keys %s: %w", op, err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
@@ -51,11 +111,13 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		return fmt.Errorf("admin API: %w", err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	switch {
 	case resp.StatusCode == http.StatusNoContent:
 		fmt.Fprintf(stdout, "deleted tenant %s key %q\n", *tenant, *key)
 		return nil
+	case resp.StatusCode == http.StatusOK && op == "list" && !*asJSON:
+		return printKeyList(stdout, body, *tenant)
 	case resp.StatusCode == http.StatusOK:
 		_, err := stdout.Write(body)
 		return err
@@ -64,17 +126,62 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 }
 
-// defaultAdminURL turns IDEMPROXY_ADMIN_ADDR into a URL on this host.
-func defaultAdminURL(addr string) string {
+// printKeyList prints a page of the admin API's listing as a table, and
+// the command for the next page if there is one.
+func printKeyList(w io.Writer, body []byte, tenant string) error {
+	var page proxy.KeyList
+	if err := json.Unmarshal(body, &page); err != nil {
+		return fmt.Errorf("admin API: unreadable listing: %w", err)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tSTATUS\tCREATED\tEXPIRES\tCOMMAND")
+	for _, k := range page.Keys {
+		status := "-"
+		if k.Status != 0 {
+			status = strconv.Itoa(k.Status)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s %s\n", k.Key, k.State, status,
+			k.CreatedAt.Format(time.RFC3339), k.ExpiresAt.Format(time.RFC3339), k.CommandType, k.CommandID)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(page.Keys) == 0 {
+		fmt.Fprintln(w, "(no live keys)")
+	}
+	if page.NextCursor != "" {
+		fmt.Fprintf(w, "more: idemproxy keys list -tenant %s -cursor %s\n", tenant, page.NextCursor)
+	}
+	return nil
+}
+
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+// adminURL turns the admin listener's address into its base URL: a
+// host:port as IDEMPROXY_ADMIN_ADDR takes it (an empty or unspecified
+// host means this machine), or an http or https URL. Empty means :9090.
+func adminURL(addr string) (string, error) {
 	if addr == "" {
 		addr = ":9090"
 	}
+	if strings.Contains(addr, "://") {
+		u, err := url.Parse(addr)
+		if err != nil {
+			return "", fmt.Errorf("%q is not a URL: %v", addr, errors.Unwrap(err))
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return "", fmt.Errorf("%q: want host:port (as in IDEMPROXY_ADMIN_ADDR) or an http:// URL", addr)
+		}
+		return strings.TrimRight(u.String(), "/"), nil
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "http://127.0.0.1:9090"
+		return "", fmt.Errorf("%q: want host:port (as in IDEMPROXY_ADMIN_ADDR, e.g. 127.0.0.1:9090) or an http:// URL", addr)
 	}
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return "http://" + net.JoinHostPort(host, port), nil
 }

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +28,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -40,28 +40,32 @@ var version = ""
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "idemproxy:", err)
 		os.Exit(1)
 	}
 }
 
 // run is the whole program: it returns when ctx ends (after a graceful
-// shutdown) or on the first fatal error.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// shutdown) or on the first fatal error. environ is the environment as
+// "NAME=value" entries.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	vars := environMap(environ)
+	getenv := func(name string) string { return vars[name] }
 	cmd := ""
 	if len(args) > 1 {
 		cmd = args[1]
 	}
 	switch cmd {
 	case "", "serve":
-		cfg, err := loadConfig(getenv)
+		cfg, err := loadConfig(environ)
 		if err != nil {
 			return fmt.Errorf("configuration: %w", err)
 		}
+		logWarnings(cfg, configWarnings(environ, cfg), stdout)
 		return serve(ctx, cfg, stdout)
 	case "demo":
-		return runDemo(ctx, getenv, stdout)
+		return runDemo(ctx, environ, stdout)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, getenv, stdout)
 	case "migrate":
@@ -85,13 +89,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // healthcheck GETs /healthz on the local admin listener; it is the
 // container image's HEALTHCHECK, which has no shell or curl to run.
 func healthcheck(ctx context.Context, getenv func(string) string) error {
-	addr := cmp.Or(getenv("IDEMPROXY_ADMIN_ADDR"), ":9090")
-	if _, _, err := net.SplitHostPort(addr); err != nil {
+	base, err := adminURL(getenv("IDEMPROXY_ADMIN_ADDR"))
+	if err != nil {
 		return fmt.Errorf("healthcheck: IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, defaultAdminURL(addr)+"/healthz", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/healthz", nil)
 	if err != nil {
 		return err
 	}
@@ -116,9 +120,16 @@ func versionString() string {
 	return "(devel)"
 }
 
+// logWarnings logs each configuration warning before serving starts.
+func logWarnings(cfg Config, warnings []string, w io.Writer) {
+	log := newLogger(cfg, w)
+	for _, msg := range warnings {
+		log.Warn("configuration: " + msg)
+	}
+}
+
 func newLogger(cfg Config, w io.Writer) *slog.Logger {
-	level, _ := parseLevel(cfg.LogLevel)
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
 }
 
 // serve runs the proxy and admin listeners until ctx ends, then drains:
@@ -158,7 +169,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
 	}
 	metrics := proxy.NewMetrics(reg)
-	if cfg.Store == "postgres" || cfg.Store == "redis" {
+	if st.Capabilities().Shared {
 		st = proxy.CacheRecords(st, proxy.RecordCacheOptions{
 			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
@@ -265,7 +276,7 @@ func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
 }
 
 // openStore builds the configured store and the function that closes it.
-func openStore(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
 		m := store.NewMemory(store.MemoryOptions{

@@ -51,8 +51,13 @@ func (s *logSink) String() string {
 	return s.buf.String()
 }
 
-func mapEnv(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+// mapEnv turns m into the "NAME=value" environment run and loadConfig read.
+func mapEnv(m map[string]string) []string {
+	environ := make([]string, 0, len(m))
+	for k, v := range m {
+		environ = append(environ, k+"="+v)
+	}
+	return environ
 }
 
 // started is a run() in progress.
@@ -268,17 +273,8 @@ func TestDemo(t *testing.T) {
 			t.Fatalf("POST /orders: got %d", resp.StatusCode)
 		}
 	}
-	resp, err := http.Get(s.proxy + "/stats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var stats map[string]int
-	if err := json.NewDecoder(resp.Body).Decode(&stats); err != nil {
-		t.Fatal(err)
-	}
-	if stats["orders_created"] != 1 {
-		t.Fatalf("demo orders created: got %d, want 1", stats["orders_created"])
+	if got := demoStats(t, s.proxy); got != 1 {
+		t.Fatalf("demo orders created: got %d, want 1", got)
 	}
 }
 
@@ -323,18 +319,18 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"IDEMPROXY_UPSTREAM_URL": "orders:8081"}, "IDEMPROXY_UPSTREAM_URL must be an absolute"},
 		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "30s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"},
 		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "33s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"},
-		{map[string]string{"IDEMPROXY_KEY_TTL": "soon"}, "IDEMPROXY_KEY_TTL: cannot parse"},
+		{map[string]string{"IDEMPROXY_KEY_TTL": "soon"}, `IDEMPROXY_KEY_TTL must be a duration such as 30s, 500ms, 5m or 1h30m, got "soon"`},
 		{map[string]string{"IDEMPROXY_KEY_TTL": "-1h"}, "IDEMPROXY_KEY_TTL must be a positive duration"},
 		{map[string]string{"IDEMPROXY_MODE": "loose"}, "IDEMPROXY_MODE must be noop, strict or replay"},
 		{map[string]string{"IDEMPROXY_STORE": "dynamo"}, "IDEMPROXY_STORE must be memory, postgres or redis"},
 		{map[string]string{"IDEMPROXY_STORE": "redis"}, "IDEMPROXY_REDIS_URL is required"},
 		{map[string]string{"IDEMPROXY_STORE": "postgres"}, "IDEMPROXY_DATABASE_URL is required"},
-		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "cookie"}, "IDEMPROXY_TENANT_SOURCE must list header and/or jwt"},
+		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "cookie"}, `IDEMPROXY_TENANT_SOURCE must list header or jwt (comma-separated), got "cookie"`},
 		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "jwt"}, "IDEMPROXY_TENANT_SOURCE includes jwt"},
 		{map[string]string{"IDEMPROXY_JWT_HS256_SECRET": "short"}, "IDEMPROXY_JWT_HS256_SECRET must be at least 32 bytes"},
-		{map[string]string{"IDEMPROXY_REQUIRE_KEY": "POST,GET"}, `IDEMPROXY_REQUIRE_KEY must list POST, PUT, PATCH or DELETE, got "GET"`},
+		{map[string]string{"IDEMPROXY_REQUIRE_KEY": "POST,GET"}, `IDEMPROXY_REQUIRE_KEY must list POST, PUT, PATCH or DELETE (comma-separated), got "GET"`},
 		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "0"}, "IDEMPROXY_MAX_BODY_BYTES must be positive"},
-		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "ten"}, "IDEMPROXY_MAX_BODY_BYTES: cannot parse"},
+		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "ten"}, `IDEMPROXY_MAX_BODY_BYTES must be a whole number, got "ten"`},
 		{map[string]string{"IDEMPROXY_LOG_LEVEL": "loud"}, "IDEMPROXY_LOG_LEVEL must be debug, info, warn or error"},
 		{map[string]string{"IDEMPROXY_LISTEN_ADDR": "8080"}, "IDEMPROXY_LISTEN_ADDR must be host:port"},
 		{map[string]string{"IDEMPROXY_ADMIN_ADDR": ":8080"}, "IDEMPROXY_ADMIN_ADDR must differ from IDEMPROXY_LISTEN_ADDR"},

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -25,16 +24,17 @@ import (
 type pgStore struct {
 	*store.Postgres
 	purged prometheus.Counter
-	// pending is set while the migrations at start are still to be applied;
-	// Ping then fails so that /readyz reports not ready.
-	pending atomic.Bool
+	// pending holds, while the migrations at start are still to be
+	// applied, why the last attempt failed; Ping then fails with it, so
+	// that /readyz reports not ready and names a permanent cause.
+	pending atomic.Pointer[error]
 }
 
 // Ping fails while the migrations at start are pending, then reports
-// whether the database is reachable.
+// whether the store can be used.
 func (s *pgStore) Ping(ctx context.Context) error {
-	if s.pending.Load() {
-		return fmt.Errorf("%w: postgres migrations not applied yet", idemproxy.ErrUnavailable)
+	if err := s.pending.Load(); err != nil {
+		return fmt.Errorf("postgres migrations not applied yet: %w", *err)
 	}
 	return s.Postgres.Ping(ctx)
 }
@@ -45,15 +45,18 @@ func (s *pgStore) Describe(ch chan<- *prometheus.Desc) { s.purged.Describe(ch) }
 // Collect implements prometheus.Collector.
 func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
 
-// openPostgres opens the Postgres store for serve. It does not need the
-// database to be up: when IDEMPROXY_MIGRATE is on and the database cannot
-// be reached, the migrations are retried in the background (keyed
+// openPostgres opens the Postgres store for serve. With IDEMPROXY_MIGRATE
+// on, it applies the migrations and checks the schema: a permanent
+// failure (the database does not exist, authentication or permission
+// denied, the schema still missing) is an error, so the process exits; a
+// database that cannot be reached is retried in the background (keyed
 // requests get 503 and /readyz is not ready meanwhile); a migration that
-// fails on a reachable database is an error. It starts the purge loop.
-// The returned store is also a prometheus.Collector of
-// idemproxy_purged_rows_total; the close function stops the background
-// work and closes the pool.
-func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+// fails on a reachable database is an error. With it off, the schema is
+// checked and any problem logged: /readyz reports it until it is fixed.
+// It starts the purge loop. The returned store is also a
+// prometheus.Collector of idemproxy_purged_rows_total; the close function
+// stops the background work and closes the pool.
+func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
 		URL:              cfg.DatabaseURL,
 		MaxConns:         cfg.DBMaxConns,
@@ -84,16 +87,30 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Stor
 
 	if cfg.Migrate {
 		err := store.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log})
+		if err == nil {
+			err = pg.Ping(ctx)
+		}
 		switch {
 		case err == nil:
+		case errors.Is(err, idemproxy.ErrMisconfigured):
+			closeStore()
+			return nil, nil, fmt.Errorf("postgres store cannot be used, and retrying will not help: %w", err)
 		case errors.Is(err, idemproxy.ErrUnavailable):
 			log.Error("postgres unreachable at start: migrations will be retried in the background; "+
 				"keyed requests are answered 503 until then", "error", err)
-			s.pending.Store(true)
+			s.pending.Store(&err)
 			wg.Go(func() { s.migrateLater(bg, cfg.DatabaseURL, log) })
 		default:
 			closeStore()
 			return nil, nil, fmt.Errorf("postgres migrations: %w", err)
+		}
+	} else if err := pg.Ping(ctx); err != nil {
+		var mis *idemproxy.MisconfiguredError
+		if errors.As(err, &mis) {
+			log.Error("postgres store cannot be used: "+mis.Reason+"; /readyz reports not ready until it is fixed "+
+				"(IDEMPROXY_MIGRATE=false: apply the migrations with idemproxy migrate up)", "error", err)
+		} else {
+			log.Warn("postgres unreachable at start; keyed requests are answered 503 until it is back", "error", err)
 		}
 	}
 
@@ -103,21 +120,10 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Stor
 	return s, closeStore, nil
 }
 
-// migrateLater retries the migrations until they are applied or ctx ends.
+// migrateLater retries the migrations until they are applied or ctx ends,
+// waiting longer after each failure, up to 30 seconds. Each failure is
+// logged with its cause and kept for Ping.
 func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slog.Logger) {
-	retryLater(ctx, log, "postgres migrations still not applied; retrying", func(ctx context.Context) error {
-		return store.Migrate(ctx, databaseURL, "up", migrationLog{log})
-	})
-	if ctx.Err() == nil {
-		s.pending.Store(false)
-		log.Info("postgres migrations applied; the store is ready")
-	}
-}
-
-// retryLater runs fn until it succeeds or ctx ends, waiting a second before
-// the first try and twice as long after each failure, up to 30 seconds;
-// each failure is logged with msg.
-func retryLater(ctx context.Context, log *slog.Logger, msg string, fn func(context.Context) error) {
 	wait := time.Second
 	for {
 		select {
@@ -125,9 +131,20 @@ func retryLater(ctx context.Context, log *slog.Logger, msg string, fn func(conte
 			return
 		case <-time.After(wait):
 		}
-		err := fn(ctx)
-		if err == nil || ctx.Err() != nil {
+		err := store.Migrate(ctx, databaseURL, "up", migrationLog{log})
+		if err == nil {
+			s.pending.Store(nil)
+			log.Info("postgres migrations applied; the store is ready")
 			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.pending.Store(&err)
+		msg := "postgres migrations still not applied; retrying"
+		var mis *idemproxy.MisconfiguredError
+		if errors.As(err, &mis) {
+			msg = "postgres migrations still not applied: " + mis.Reason + "; retrying"
 		}
 		log.Error(msg, "error", err, "retry_in", wait.String())
 		wait = min(2*wait, 30*time.Second)
@@ -150,12 +167,20 @@ func (m migrationLog) Write(p []byte) (int, error) {
 // exactly one of up (apply all pending), down (roll back the latest) or
 // status. It reads IDEMPROXY_DATABASE_URL.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + store.VersionTable + ")"
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
 	if len(args) != 1 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
-		return errors.New("usage: idemproxy migrate up|down|status")
+		return errors.New(usage)
 	}
 	dbURL := getenv("IDEMPROXY_DATABASE_URL")
 	if dbURL == "" {
 		return errors.New("IDEMPROXY_DATABASE_URL is required for idemproxy migrate")
+	}
+	if err := store.CheckURL(dbURL); err != nil {
+		return fmt.Errorf("IDEMPROXY_DATABASE_URL %w", err)
 	}
 	if err := store.Migrate(ctx, dbURL, args[0], stdout); err != nil {
 		return fmt.Errorf("migrate %s: %w", args[0], err)

@@ -79,7 +79,7 @@ func envOf(vars map[string]string) func(string) string {
 
 func TestPostgresConfig(t *testing.T) {
 	base := map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
-	cfg, err := loadConfig(envOf(base))
+	cfg, err := loadConfig(mapEnv(base))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestPostgresConfig(t *testing.T) {
 		for k, v := range base {
 			env[k] = v
 		}
-		_, err := loadConfig(envOf(env))
+		_, err := loadConfig(mapEnv(env))
 		if err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: got %v, want an error naming the variable", name, value, err)
 		}
@@ -117,6 +117,10 @@ func TestRunMigrateUsage(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DATABASE_URL") {
 		t.Errorf("migrate without a URL: got %v, want an error naming IDEMPROXY_DATABASE_URL", err)
 	}
+	err = runMigrate(t.Context(), []string{"up"}, envOf(map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://app:p@ss@db/app"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DATABASE_URL has more than one @") || strings.Contains(err.Error(), "ss@db") {
+		t.Errorf("migrate with an unencoded @ in the password: got %v, want it refused without the password", err)
+	}
 }
 
 func TestRunMigrate(t *testing.T) {
@@ -125,11 +129,12 @@ func TestRunMigrate(t *testing.T) {
 	for _, step := range []struct{ cmd, want string }{
 		{"status", "pending"},
 		{"up", "up 00001_idempotency_keys.sql"},
-		{"up", "no migrations to apply"},
+		{"up", "no migrations to apply; at version 2"},
 		{"status", "applied"},
+		{"down", "down 00002_idempotency_keys_tenant_created.sql"},
 		{"down", "down 00001_idempotency_keys.sql"},
 		{"status", "pending"},
-		{"up", "up 00001_idempotency_keys.sql"},
+		{"up", "up 00002_idempotency_keys_tenant_created.sql"},
 	} {
 		var out bytes.Buffer
 		if err := runMigrate(t.Context(), []string{step.cmd}, env, &out); err != nil {

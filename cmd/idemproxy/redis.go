@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -18,18 +18,25 @@ import (
 // again in the background.
 type redisStore struct {
 	*store.Redis
-	// pending is set until a check has passed; claims and Ping fail
-	// meanwhile, so nothing is locked on a server that may evict keys and
-	// /readyz reports not ready.
-	pending atomic.Bool
+	// pending holds, until a check has passed, why the last one failed;
+	// claims and Ping fail with it meanwhile, so that nothing is locked on
+	// a server that may evict keys and /readyz reports not ready, naming a
+	// permanent cause.
+	pending atomic.Pointer[error]
 }
 
-var errRedisUnchecked = fmt.Errorf("%w: redis not checked yet (maxmemory-policy, permissions)", idemproxy.ErrUnavailable)
+// unchecked is the error of a claim or Ping while the check is pending.
+func (s *redisStore) unchecked() error {
+	if err := s.pending.Load(); err != nil {
+		return fmt.Errorf("redis not checked yet: %w", *err)
+	}
+	return nil
+}
 
 // Claim fails while the start-up check is pending.
 func (s *redisStore) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
-	if s.pending.Load() {
-		return idemproxy.ClaimResult{}, errRedisUnchecked
+	if err := s.unchecked(); err != nil {
+		return idemproxy.ClaimResult{}, err
 	}
 	return s.Redis.Claim(ctx, c)
 }
@@ -37,8 +44,8 @@ func (s *redisStore) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cl
 // Ping fails while the start-up check is pending, then reports whether
 // Redis answers.
 func (s *redisStore) Ping(ctx context.Context) error {
-	if s.pending.Load() {
-		return errRedisUnchecked
+	if err := s.unchecked(); err != nil {
+		return err
 	}
 	return s.Redis.Ping(ctx)
 }
@@ -50,7 +57,7 @@ func (s *redisStore) Ping(ctx context.Context) error {
 // check is retried in the background, and keyed requests get 503 and
 // /readyz is not ready until it passes. The close function stops the
 // background check and closes the connections.
-func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, func(), error) {
+func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	r, err := store.NewRedis(store.RedisOptions{
 		URL:          cfg.RedisURL,
 		Cluster:      cfg.RedisCluster,
@@ -73,25 +80,41 @@ func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (proxy.Store, 
 	}
 	switch err := r.Check(ctx); {
 	case err == nil:
-	case errors.Is(err, idemproxy.ErrUnavailable):
+	case errors.Is(err, idemproxy.ErrMisconfigured):
+		closeStore()
+		return nil, nil, fmt.Errorf("redis store cannot be used, and retrying will not help: %w", err)
+	default:
 		log.Error("redis unreachable at start: its check will be retried in the background; "+
 			"keyed requests are answered 503 until then", "error", err)
-		s.pending.Store(true)
+		s.pending.Store(&err)
 		wg.Go(func() { s.checkLater(bg, log) })
-	default:
-		closeStore()
-		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	return s, closeStore, nil
 }
 
-// checkLater retries the check until it passes or ctx ends. A check that
-// fails on a reachable server (an evicting policy set meanwhile, say) is
-// retried too, so that fixing the server is enough.
+// checkLater retries the check until it passes or ctx ends, waiting longer
+// after each failure, up to 30 seconds. A check that fails on a reachable
+// server (an evicting policy set meanwhile, say) is retried too, so that
+// fixing the server is enough; each failure is logged and kept for Ping.
 func (s *redisStore) checkLater(ctx context.Context, log *slog.Logger) {
-	retryLater(ctx, log, "redis check still failing; retrying", s.Check)
-	if ctx.Err() == nil {
-		s.pending.Store(false)
-		log.Info("redis checked; the store is ready")
+	wait := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		err := s.Check(ctx)
+		if err == nil {
+			s.pending.Store(nil)
+			log.Info("redis checked; the store is ready")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.pending.Store(&err)
+		log.Error("redis check still failing; retrying", "error", err, "retry_in", wait.String())
+		wait = min(2*wait, 30*time.Second)
 	}
 }

@@ -20,7 +20,7 @@ import (
 
 func TestRedisConfig(t *testing.T) {
 	base := map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
-	cfg, err := loadConfig(envOf(base))
+	cfg, err := loadConfig(mapEnv(base))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func TestRedisConfig(t *testing.T) {
 		for k, v := range base {
 			env[k] = v
 		}
-		if _, err := loadConfig(envOf(env)); err == nil || !strings.Contains(err.Error(), name) {
+		if _, err := loadConfig(mapEnv(env)); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s=%s: got %v, want an error naming the variable", name, value, err)
 		}
 	}
@@ -59,7 +59,7 @@ func TestOpenRedisRefuses(t *testing.T) {
 		{"wrong password", "redis://:wrong@" + locked.Addr() + "/0", "WRONGPASS"},
 	} {
 		_, _, err := openRedis(t.Context(), testRedisConfig(tc.url), slog.New(slog.DiscardHandler))
-		if err == nil || errors.Is(err, idemproxy.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, idemproxy.ErrMisconfigured) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want a start-up error naming %s", tc.name, err, tc.want)
 		}
 	}
@@ -261,5 +261,33 @@ func TestRunRedisOutage(t *testing.T) {
 	}
 	if got := calls.Load(); got != 3 {
 		t.Errorf("upstream calls: %d, want 3", got)
+	}
+}
+
+// TestRedisConfigWarnings: the Redis variables draw a warning unless the
+// Redis store is chosen; the record cache's apply to Postgres and Redis.
+func TestRedisConfigWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		store string
+		warns []string
+	}{
+		{"memory", []string{"IDEMPROXY_REDIS_URL", "IDEMPROXY_REDIS_WAIT_REPLICAS", "IDEMPROXY_RECORD_CACHE_ENTRIES"}},
+		{"redis", nil},
+	} {
+		env := map[string]string{
+			"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1", "IDEMPROXY_STORE": tc.store,
+			"IDEMPROXY_REDIS_URL": "redis://127.0.0.1:1/0", "IDEMPROXY_REDIS_WAIT_REPLICAS": "1",
+			"IDEMPROXY_RECORD_CACHE_ENTRIES": "5",
+		}
+		cfg, err := loadConfig(mapEnv(env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		warnings := strings.Join(configWarnings(mapEnv(env), cfg), "\n")
+		for _, name := range []string{"IDEMPROXY_REDIS_URL", "IDEMPROXY_REDIS_WAIT_REPLICAS", "IDEMPROXY_RECORD_CACHE_ENTRIES"} {
+			if got, want := strings.Contains(warnings, name), slices.Contains(tc.warns, name); got != want {
+				t.Errorf("IDEMPROXY_STORE=%s: a warning about %s is %v, want %v (warnings: %q)", tc.store, name, got, want, warnings)
+			}
+		}
 	}
 }

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// withVars returns base with set added.
+func withVars(base, set map[string]string) map[string]string {
+	env := map[string]string{}
+	for k, v := range base {
+		env[k] = v
+	}
+	for k, v := range set {
+		env[k] = v
+	}
+	return env
+}
+
+var upstreamOnly = map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1"}
+
+// TestConfigEnumsIgnoreCase: every enumerated value and boolean is read
+// whatever its case, and kept in its canonical spelling.
+func TestConfigEnumsIgnoreCase(t *testing.T) {
+	cfg, err := loadConfig(mapEnv(withVars(upstreamOnly, map[string]string{
+		"IDEMPROXY_MODE":             "STRICT",
+		"IDEMPROXY_STORE":            "Postgres",
+		"IDEMPROXY_DATABASE_URL":     "postgres://app@db/app",
+		"IDEMPROXY_TENANT_SOURCE":    "JWT, Header",
+		"IDEMPROXY_JWT_HS256_SECRET": "0123456789abcdef0123456789abcdef",
+		"IDEMPROXY_LOG_LEVEL":        "WARN",
+		"IDEMPROXY_MIGRATE":          "FALSE",
+		"IDEMPROXY_OTEL_ENABLED":     "True",
+		"IDEMPROXY_REQUIRE_KEY":      "post, Put",
+	})))
+	if err != nil {
+		t.Fatalf("loadConfig: %v", err)
+	}
+	if cfg.Mode != "strict" || cfg.Store != "postgres" || cfg.LogLevel != "warn" || cfg.Migrate || !cfg.OTelEnabled {
+		t.Errorf("mode %q, store %q, log level %q, migrate %v, otel %v", cfg.Mode, cfg.Store, cfg.LogLevel, cfg.Migrate, cfg.OTelEnabled)
+	}
+	if !slices.Equal(cfg.TenantSource, []string{"jwt", "header"}) || !slices.Equal(cfg.RequireKey, []string{"POST", "PUT"}) {
+		t.Errorf("tenant source %q, require key %q", cfg.TenantSource, cfg.RequireKey)
+	}
+}
+
+// TestConfigErrorsInUsersWords: a bad value is explained as the user
+// would put it, never with a parser's words, and never echoes a secret.
+func TestConfigErrorsInUsersWords(t *testing.T) {
+	postgres := map[string]string{"IDEMPROXY_STORE": "postgres"}
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"IDEMPROXY_KEY_TTL": "10"}, "IDEMPROXY_KEY_TTL=10 needs a unit, e.g. 10s"},
+		{map[string]string{"IDEMPROXY_UPSTREAM_TIMEOUT": "1.5"}, "IDEMPROXY_UPSTREAM_TIMEOUT=1.5 needs a unit, e.g. 1.5s"},
+		{map[string]string{"IDEMPROXY_KEY_TTL": "a day"}, `IDEMPROXY_KEY_TTL must be a duration such as 30s, 500ms, 5m or 1h30m, got "a day"`},
+		{map[string]string{"IDEMPROXY_MIGRATE": "perhaps"}, `IDEMPROXY_MIGRATE must be true or false, got "perhaps"`},
+		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "10MiB"}, `IDEMPROXY_MAX_BODY_BYTES must be a whole number, got "10MiB"`},
+		{map[string]string{"IDEMPROXY_MODE": "Loose"}, `IDEMPROXY_MODE must be noop, strict or replay, got "Loose"`},
+		{withVars(postgres, map[string]string{"IDEMPROXY_DATABASE_URL": "mysql://app:s3cret@db:3306/app"}),
+			"IDEMPROXY_DATABASE_URL unsupported scheme mysql; want postgres://"},
+		{withVars(postgres, map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://app:p@s3cret@db/app"}),
+			"IDEMPROXY_DATABASE_URL has more than one @ before the host: write an @ in the user name or password as %40"},
+		{withVars(postgres, map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://app:s3cret@db:notaport/app?sslmode=disable"}),
+			"IDEMPROXY_DATABASE_URL cannot parse postgres://app:xxxxx@db:notaport/app?sslmode=disable: invalid port"},
+	} {
+		_, err := loadConfig(mapEnv(withVars(upstreamOnly, tc.set)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want an error containing %q", tc.set, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%v: the error reveals the password: %v", tc.set, err)
+		}
+	}
+}
+
+// TestConfigWarningsNameVariables: an unknown IDEMPROXY_* variable and
+// variables the configuration ignores are named in warnings at start;
+// secrets' values are not logged.
+func TestConfigWarningsNameVariables(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	const jwtSecret = "jwt-secret-0123456789-0123456789-abcdef"
+	s := launch(t, nil, map[string]string{
+		"IDEMPROXY_UPSTREAM_URL":     up.URL,
+		"IDEMPROXY_MODDE":            "strict",
+		"IDEMPROXY_DATABASE_URL":     "postgres://app:db-secret-4711@db/app",
+		"IDEMPROXY_JWT_HS256_SECRET": jwtSecret,
+		"IDEMPROXY_TENANT_SOURCE":    "header",
+	})
+	warnings := map[string]string{}
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		var m struct{ Level, Msg string }
+		if json.Unmarshal([]byte(line), &m) == nil && m.Level == "WARN" {
+			for _, name := range []string{"IDEMPROXY_MODDE", "IDEMPROXY_DATABASE_URL", "IDEMPROXY_JWT_HS256_SECRET", "IDEMPROXY_UPSTREAM_URL"} {
+				if strings.Contains(m.Msg, name) {
+					warnings[name] = m.Msg
+				}
+			}
+		}
+	}
+	for name, want := range map[string]string{
+		"IDEMPROXY_MODDE":            "did you mean IDEMPROXY_MODE",
+		"IDEMPROXY_DATABASE_URL":     "only with IDEMPROXY_STORE=postgres",
+		"IDEMPROXY_JWT_HS256_SECRET": "only with IDEMPROXY_TENANT_SOURCE=jwt",
+	} {
+		if !strings.Contains(warnings[name], want) {
+			t.Errorf("warning for %s: %q, want one saying %q\n%s", name, warnings[name], want, s.logs)
+		}
+	}
+	if w, ok := warnings["IDEMPROXY_UPSTREAM_URL"]; ok {
+		t.Errorf("a variable in use drew a warning: %q", w)
+	}
+	for _, secret := range []string{jwtSecret, "db-secret-4711"} {
+		if strings.Contains(s.logs.String(), secret) {
+			t.Errorf("the logs contain a secret:\n%s", s.logs)
+		}
+	}
+	// The typo is ignored: the mode is still the default.
+	if resp := post(t, s.proxy+"/orders", "k", "0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20", "x"); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("first POST: %d", resp.StatusCode)
+	}
+	if resp := post(t, s.proxy+"/orders", "k", "0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20", "x"); resp.StatusCode != http.StatusCreated {
+		t.Errorf("retry: got %d, want the noop replay 201", resp.StatusCode)
+	}
+}
+
+// TestConfigNoWarningForUsedVariables: a JWT secret with jwt among the
+// sources, and Postgres settings with the Postgres store, are in use.
+func TestConfigNoWarningForUsedVariables(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	s := launch(t, nil, map[string]string{
+		"IDEMPROXY_UPSTREAM_URL":       up.URL,
+		"IDEMPROXY_JWT_HS256_SECRET":   "jwt-secret-0123456789-0123456789-abcdef",
+		"IDEMPROXY_TENANT_SOURCE":      "header,JWT",
+		"IDEMPROXY_MEMORY_MAX_ENTRIES": "1000",
+	})
+	if strings.Contains(s.logs.String(), `"level":"WARN","msg":"configuration`) {
+		t.Errorf("warnings for variables in use:\n%s", s.logs)
+	}
+}
+
+// TestConfigTags: every only tag names a variable of Config and values
+// its enum tag allows, and every enum tag lists distinct values.
+func TestConfigTags(t *testing.T) {
+	enums := map[string][]string{}
+	for _, f := range configVars() {
+		if enum := f.Tag.Get("enum"); enum != "" {
+			values := strings.Split(enum, ",")
+			if len(slices.Compact(slices.Sorted(slices.Values(values)))) != len(values) {
+				t.Errorf("%s: enum %q repeats a value", f.Tag.Get("env"), enum)
+			}
+			enums[f.Tag.Get("env")] = values
+		}
+	}
+	for _, f := range configVars() {
+		only := f.Tag.Get("only")
+		if only == "" {
+			continue
+		}
+		name, values, ok := strings.Cut(only, "=")
+		for value := range strings.SplitSeq(values, "|") {
+			if !ok || !slices.Contains(enums[name], value) {
+				t.Errorf("%s: only %q does not name an enumerated variable and values of it", f.Tag.Get("env"), only)
+			}
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package idemproxy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestCursorRoundTrip(t *testing.T) {
+	for _, c := range []Cursor{
+		{CreatedAt: time.Date(2026, 12, 3, 13, 4, 5, 123456000, time.UTC), Key: "order-1"},
+		{CreatedAt: time.Unix(0, 1), Key: strings.Repeat("k", 255)},
+		{CreatedAt: time.Date(1999, 1, 1, 0, 0, 0, 7, time.UTC), Key: `"quoted" /&?=`},
+	} {
+		token := c.String()
+		got, err := ParseCursor(token)
+		if err != nil {
+			t.Fatalf("ParseCursor(%q): %v", token, err)
+		}
+		if !got.CreatedAt.Equal(c.CreatedAt) || got.Key != c.Key {
+			t.Errorf("round trip of %+v gave %+v", c, got)
+		}
+		if strings.ContainsAny(token, "+/=&?") {
+			t.Errorf("token %q is not URL-safe", token)
+		}
+	}
+	for _, bad := range []string{"", "!!!", "AAAA", "not-a-cursor",
+		(&Cursor{Key: strings.Repeat("k", 256)}).String(), (&Cursor{Key: "tab\tkey"}).String()} {
+		if _, err := ParseCursor(bad); !errors.Is(err, ErrInvalidCursor) {
+			t.Errorf("ParseCursor(%q) = %v, want ErrInvalidCursor", bad, err)
+		}
+	}
+}
+
+func TestCursorPrecedes(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	c := &Cursor{CreatedAt: at, Key: "m"}
+	for _, tc := range []struct {
+		created time.Time
+		key     string
+		want    bool
+	}{
+		{at.Add(-time.Nanosecond), "z", true}, // older: on a later page
+		{at.Add(time.Nanosecond), "a", false}, // newer: on an earlier page
+		{at, "l", true},                       // same time, smaller key: later
+		{at, "m", false},                      // the cursor's own entry
+		{at, "n", false},
+	} {
+		if got := c.Precedes(tc.created, tc.key); got != tc.want {
+			t.Errorf("Precedes(%s, %q) = %v, want %v", tc.created, tc.key, got, tc.want)
+		}
+	}
+}
+
+func TestPageLimit(t *testing.T) {
+	for limit, want := range map[int]int{-1: DefaultListLimit, 0: DefaultListLimit, 1: 1, MaxListLimit: MaxListLimit, MaxListLimit + 1: MaxListLimit} {
+		if got := (ListOptions{Limit: limit}).PageLimit(); got != want {
+			t.Errorf("PageLimit of %d = %d, want %d", limit, got, want)
+		}
+	}
+}
+
+func TestMisconfiguredError(t *testing.T) {
+	cause := errors.New("FATAL: database \"x\" does not exist")
+	err := fmt.Errorf("open: %w", Misconfigured(ReasonDatabaseMissing, cause))
+	if !errors.Is(err, ErrMisconfigured) || !errors.Is(err, ErrUnavailable) || !errors.Is(err, cause) {
+		t.Errorf("%v: want it to be ErrMisconfigured, ErrUnavailable and its cause", err)
+	}
+	var mis *MisconfiguredError
+	if !errors.As(err, &mis) || mis.Reason != ReasonDatabaseMissing {
+		t.Errorf("errors.As: %+v", mis)
+	}
+	if !strings.Contains(err.Error(), ReasonDatabaseMissing) || !strings.Contains(err.Error(), "FATAL") {
+		t.Errorf("%q names neither the reason nor the cause", err)
+	}
+	if errors.Is(ErrUnavailable, ErrMisconfigured) {
+		t.Error("a transient failure counts as permanent")
+	}
+}
