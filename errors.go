@@ -3,6 +3,7 @@ package idemproxy
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 var (
@@ -72,3 +73,54 @@ func (e *MisconfiguredError) Is(target error) bool {
 
 // Unwrap returns the cause.
 func (e *MisconfiguredError) Unwrap() error { return e.Err }
+
+// ConfigError is a setting that a constructor refuses. Struct and Field
+// name it as a Go program sets it ("proxy.Config", "LockTimeout"); Reason
+// says why, naming other fields of the same struct in braces
+// ("must exceed {UpstreamTimeout}"), so that a program which fills the
+// struct from settings of its own (environment variables) can say it in
+// those names with Explain.
+type ConfigError struct {
+	Struct string
+	Field  string
+	Reason string
+}
+
+// Error names the field and the reason in Go terms.
+func (e *ConfigError) Error() string {
+	return e.Explain(func(field string) string { return e.Struct + "." + field })
+}
+
+// Explain is the error with every field, e.Field and those in braces in
+// e.Reason, spelled by name.
+func (e *ConfigError) Explain(name func(field string) string) string {
+	var b strings.Builder
+	b.WriteString(name(e.Field))
+	b.WriteByte(' ')
+	rest := e.Reason
+	for {
+		open := strings.IndexByte(rest, '{')
+		end := strings.IndexByte(rest[open+1:], '}')
+		if open < 0 || end < 0 {
+			b.WriteString(rest)
+			return b.String()
+		}
+		b.WriteString(rest[:open])
+		b.WriteString(name(rest[open+1 : open+1+end]))
+		rest = rest[open+2+end:]
+	}
+}
+
+// ConfigErrors collects the ConfigErrors of one struct.
+type ConfigErrors struct {
+	Struct string
+	errs   []error
+}
+
+// Add records that field is refused for reason (a format, with args).
+func (c *ConfigErrors) Add(field, reason string, args ...any) {
+	c.errs = append(c.errs, &ConfigError{Struct: c.Struct, Field: field, Reason: fmt.Sprintf(reason, args...)})
+}
+
+// Err joins what was added, or returns nil.
+func (c *ConfigErrors) Err() error { return errors.Join(c.errs...) }

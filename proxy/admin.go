@@ -22,8 +22,9 @@ import (
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// AdminConfig configures NewAdmin.
+// AdminConfig configures NewAdmin. Store is required.
 type AdminConfig struct {
+	// Store is the store /readyz pings and the key API reads and changes.
 	Store idemproxy.Store
 	// Gatherer serves /metrics; nil means no /metrics route.
 	Gatherer prometheus.Gatherer
@@ -36,7 +37,10 @@ type AdminConfig struct {
 
 // NewAdmin returns the admin listener's handler: health, readiness,
 // metrics and the key API. All its routes are listed here.
-func NewAdmin(cfg AdminConfig) http.Handler {
+func NewAdmin(cfg AdminConfig) (http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, &idemproxy.ConfigError{Struct: "proxy.AdminConfig", Field: "Store", Reason: "is required"}
+	}
 	a := &admin{cfg: cfg, log: cfg.Logger}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -52,7 +56,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		r.Get("/", a.getKeys)
 		r.Delete("/", a.deleteKey)
 	})
-	return r
+	return r, nil
 }
 
 type admin struct {
@@ -158,14 +162,13 @@ func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry,
 	return idemproxy.Entry{Tenant: tenant, Key: key}, true
 }
 
-func (a *admin) storeError(w http.ResponseWriter, err error) {
-	if errors.Is(err, idemproxy.ErrNotFound) {
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemNotFound, "no lock or record for this tenant and key"))
-		return
+// storeError answers a store operation that failed, and logs why unless
+// the entry simply is not there.
+func (a *admin) storeError(w http.ResponseWriter, r *http.Request, err error) {
+	if !errors.Is(err, idemproxy.ErrNotFound) {
+		a.log.WarnContext(r.Context(), "admin: store operation failed", "error", err)
 	}
-	p := idemproxy.NewProblem(idemproxy.ProblemStoreUnavailable, "the idempotency store cannot be reached")
-	p.RetryAfter = 1
-	idemproxy.WriteProblem(w, p)
+	idemproxy.WriteProblem(w, idemproxy.ProblemFor(err))
 }
 
 // getKeys shows one key's lock or record when the key parameter is
@@ -181,7 +184,7 @@ func (a *admin) getKeys(w http.ResponseWriter, r *http.Request) {
 	}
 	e, err := a.cfg.Store.Lookup(r.Context(), t.Tenant, t.Key)
 	if err != nil {
-		a.storeError(w, err)
+		a.storeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, keyView(e))
@@ -218,7 +221,7 @@ func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 	}
 	page, err := a.cfg.Store.List(r.Context(), tenant, opts)
 	if err != nil {
-		a.storeError(w, err)
+		a.storeError(w, r, err)
 		return
 	}
 	list := KeyList{Tenant: tenant.String(), Keys: make([]KeyView, 0, len(page.Entries))}
@@ -237,7 +240,7 @@ func (a *admin) deleteKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.cfg.Store.Delete(r.Context(), t.Tenant, t.Key); err != nil {
-		a.storeError(w, err)
+		a.storeError(w, r, err)
 		return
 	}
 	a.log.WarnContext(r.Context(), "audit: idempotency key deleted through the admin API",

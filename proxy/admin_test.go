@@ -46,7 +46,7 @@ func TestAdminKeyAPI(t *testing.T) { forEachStore(t, testAdminKeyAPI) }
 func testAdminKeyAPI(t *testing.T, st option) {
 	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
 	var logs bytes.Buffer
-	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store, Token: "s3cret", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	admin := newAdmin(t, proxy.AdminConfig{Store: e.store, Token: "s3cret", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	tenant := e.tenant.String()
 
 	// The API needs the token.
@@ -95,7 +95,7 @@ func testAdminKeyAPI(t *testing.T, st option) {
 
 func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 	e := newEnv(t)
-	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store})
+	admin := newAdmin(t, proxy.AdminConfig{Store: e.store})
 	if rec := adminDo(t, admin, http.MethodGet, e.tenant.String(), "k", ""); rec.Code != http.StatusNotFound {
 		t.Fatalf("got %d, want 404 (disabled)", rec.Code)
 	}
@@ -108,7 +108,7 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 // values is refused, never resolved to the first; nothing is deleted.
 func TestAdminRepeatedParameters(t *testing.T) {
 	e := newEnv(t)
-	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store, Token: "s3cret"})
+	admin := newAdmin(t, proxy.AdminConfig{Store: e.store, Token: "s3cret"})
 	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	tenant := e.tenant.String()
 	send := func(method string, q url.Values) *httptest.ResponseRecorder {
@@ -148,7 +148,7 @@ func TestAdminListKeys(t *testing.T) { forEachStore(t, testAdminListKeys) }
 
 func testAdminListKeys(t *testing.T, st option) {
 	e := newEnv(t, st)
-	admin := proxy.NewAdmin(proxy.AdminConfig{Store: e.store, Token: "s3cret"})
+	admin := newAdmin(t, proxy.AdminConfig{Store: e.store, Token: "s3cret"})
 	tenant := e.tenant.String()
 	for i := 1; i <= 5; i++ {
 		wantStatus(t, e.do(req{key: fmt.Sprintf("k%d", i), body: fmt.Sprint(i)}), http.StatusCreated)
@@ -225,7 +225,7 @@ func TestReadyzNamesTheCause(t *testing.T) {
 			http.StatusServiceUnavailable, "not ready: authentication failed"},
 	} {
 		var logs bytes.Buffer
-		admin := proxy.NewAdmin(proxy.AdminConfig{Store: pingStore{e.store, tc.err}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		admin := newAdmin(t, proxy.AdminConfig{Store: pingStore{e.store, tc.err}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 		rec := adminGet(t, admin, "/readyz", "")
 		var body map[string]string
 		if rec.Code != tc.status || json.Unmarshal(rec.Body.Bytes(), &body) != nil || body["status"] != tc.want {
@@ -237,5 +237,22 @@ func TestReadyzNamesTheCause(t *testing.T) {
 		if strings.Contains(rec.Body.String(), "FATAL") {
 			t.Errorf("/readyz shows the driver's error: %s", rec.Body)
 		}
+	}
+}
+
+// newAdmin is proxy.NewAdmin for a test.
+func newAdmin(t *testing.T, cfg proxy.AdminConfig) http.Handler {
+	t.Helper()
+	h, err := proxy.NewAdmin(cfg)
+	if err != nil {
+		t.Fatalf("NewAdmin: %v", err)
+	}
+	return h
+}
+
+func TestAdminRequiresStore(t *testing.T) {
+	var ce *idemproxy.ConfigError
+	if _, err := proxy.NewAdmin(proxy.AdminConfig{}); !errors.As(err, &ce) || ce.Field != "Store" {
+		t.Fatalf("NewAdmin without a store: got %v, want a ConfigError for Store", err)
 	}
 }

@@ -56,21 +56,21 @@ func (b *bodyBudget) give(n int64) {
 // is empty, a reader of it for the upstream, which the caller must close
 // to give the bytes back. On a problem nothing stays reserved, and the
 // response closes the connection: the rest of the body is never read.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyReader, *idemproxy.Problem) {
+func (g *Idempotency) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyReader, *idemproxy.Problem) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil, nil
 	}
-	buf, reserved, prob := p.fillBody(w, r)
+	buf, reserved, prob := g.fillBody(w, r)
 	if prob != nil {
-		p.buffered.give(reserved)
+		g.buffered.give(reserved)
 		w.Header().Set("Connection", "close")
 		return nil, nil, prob
 	}
 	if len(buf) == 0 {
-		p.buffered.give(reserved)
+		g.buffered.give(reserved)
 		return nil, nil, nil
 	}
-	b := &bodyReader{budget: p.buffered, reserved: reserved}
+	b := &bodyReader{budget: g.buffered, reserved: reserved}
 	b.r.Reset(buf)
 	return buf, b, nil
 }
@@ -85,18 +85,18 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyR
 // problem, so that the server's own draining of the unread rest stays
 // bounded too. Where a read deadline is not supported the body is closed
 // when the time is up.
-func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64, *idemproxy.Problem) {
+func (g *Idempotency) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64, *idemproxy.Problem) {
 	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout)); err != nil {
+	if err := rc.SetReadDeadline(time.Now().Add(g.cfg.BodyTimeout)); err != nil {
 		timedOut := new(atomic.Bool)
-		t := time.AfterFunc(p.cfg.BodyTimeout, func() {
+		t := time.AfterFunc(g.cfg.BodyTimeout, func() {
 			timedOut.Store(true)
 			r.Body.Close()
 		})
 		defer t.Stop()
-		return p.readAll(r, timedOut)
+		return g.readAll(r, timedOut)
 	}
-	buf, reserved, prob := p.readAll(r, nil)
+	buf, reserved, prob := g.readAll(r, nil)
 	if prob == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -105,10 +105,10 @@ func (p *Proxy) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64,
 
 // readAll is fillBody's loop. timedOut, when not nil, is set once the
 // body was closed for taking too long.
-func (p *Proxy) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, reserved int64, prob *idemproxy.Problem) {
-	limit := p.cfg.MaxBodyBytes
+func (g *Idempotency) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, reserved int64, prob *idemproxy.Problem) {
+	limit := g.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		return nil, 0, p.tooLarge()
+		return nil, 0, g.tooLarge()
 	}
 	// A declared length caps the buffer, with a byte to spare for the
 	// read that meets the end of the body.
@@ -125,19 +125,19 @@ func (p *Proxy) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, res
 			case n > 0 && r.ContentLength >= 0:
 				return buf, reserved, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body is longer than its Content-Length")
 			case n > 0:
-				return buf, reserved, p.tooLarge()
+				return buf, reserved, g.tooLarge()
 			case err == io.EOF:
 				return buf, reserved, nil
 			case err != nil:
-				return buf, reserved, p.bodyError(err, timedOut)
+				return buf, reserved, g.bodyError(err, timedOut)
 			}
 			continue
 		}
 		if len(buf) == cap(buf) {
 			grow := min(max(2*int64(cap(buf)), firstBodyBuffer), ceiling) - int64(cap(buf))
-			if !p.buffered.take(grow) {
+			if !g.buffered.take(grow) {
 				prob := idemproxy.NewProblem(idemproxy.ProblemBufferedFull, fmt.Sprintf(
-					"the request bodies being received fill IDEMPROXY_MAX_BUFFERED_BYTES (%d bytes); the request was not forwarded", p.buffered.max))
+					"the request bodies being received fill IDEMPROXY_MAX_BUFFERED_BYTES (%d bytes); the request was not forwarded", g.buffered.max))
 				prob.RetryAfter = 1
 				return buf, reserved, prob
 			}
@@ -152,21 +152,21 @@ func (p *Proxy) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, res
 			return buf, reserved, nil
 		}
 		if err != nil {
-			return buf, reserved, p.bodyError(err, timedOut)
+			return buf, reserved, g.bodyError(err, timedOut)
 		}
 	}
 }
 
-func (p *Proxy) tooLarge() *idemproxy.Problem {
+func (g *Idempotency) tooLarge() *idemproxy.Problem {
 	return idemproxy.NewProblem(idemproxy.ProblemBodyTooLarge,
-		fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", p.cfg.MaxBodyBytes))
+		fmt.Sprintf("a request with an Idempotency-Key may carry at most %d bytes (IDEMPROXY_MAX_BODY_BYTES)", g.cfg.MaxBodyBytes))
 }
 
 // bodyError is the problem for a keyed body that could not be read.
-func (p *Proxy) bodyError(err error, timedOut *atomic.Bool) *idemproxy.Problem {
+func (g *Idempotency) bodyError(err error, timedOut *atomic.Bool) *idemproxy.Problem {
 	if (timedOut != nil && timedOut.Load()) || errors.Is(err, os.ErrDeadlineExceeded) {
 		return idemproxy.NewProblem(idemproxy.ProblemBodyTimeout, fmt.Sprintf(
-			"a request with an Idempotency-Key must send its whole body within %s (IDEMPROXY_BODY_TIMEOUT)", p.cfg.BodyTimeout))
+			"a request with an Idempotency-Key must send its whole body within %s (IDEMPROXY_BODY_TIMEOUT)", g.cfg.BodyTimeout))
 	}
 	return idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body could not be read completely")
 }

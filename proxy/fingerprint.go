@@ -6,6 +6,8 @@ import (
 	"hash"
 	"sync"
 
+	"github.com/google/uuid"
+
 	"github.com/idemproxy/idemproxy"
 )
 
@@ -56,4 +58,25 @@ func hashInPlace(prefix, body []byte) idemproxy.Fingerprint {
 	h.Sum(sum[:0])
 	digests.Put(h)
 	return sum
+}
+
+// maxCommandType bounds the command type kept with a lock or record; a
+// longer one is cut (the fingerprint still covers the whole path).
+const maxCommandType = 512
+
+// commandType is "METHOD /path", at most maxCommandType bytes.
+func commandType(method, path string) string {
+	ct := method + " " + path
+	if len(ct) > maxCommandType {
+		ct = ct[:maxCommandType-3] + "..."
+	}
+	return ct
+}
+
+func newCommandID() uuid.UUID {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.New()
+	}
+	return id
 }

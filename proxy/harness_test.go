@@ -163,12 +163,14 @@ func newEnv(t *testing.T, opts ...option) *env {
 	e.mem = store.NewMemory(store.MemoryOptions{Now: e.clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { e.mem.Close() })
 	cfg := proxy.Config{
-		Upstream:        e.up.url(),
-		Store:           e.mem,
-		LockTimeout:     10 * time.Second,
-		UpstreamTimeout: 2 * time.Second,
-		KeyTTL:          time.Hour,
-		Metrics:         proxy.NewMetrics(nil),
+		Upstream: e.up.url(),
+		IdempotencyConfig: proxy.IdempotencyConfig{
+			Store:           e.mem,
+			LockTimeout:     10 * time.Second,
+			UpstreamTimeout: 2 * time.Second,
+			KeyTTL:          time.Hour,
+			Metrics:         proxy.NewMetrics(nil),
+		},
 	}
 	tc := tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}}
 	for _, o := range opts {

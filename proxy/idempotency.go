@@ -1,306 +1,263 @@
 package proxy
 
 import (
-	"context"
-	"errors"
-	"fmt"
+	"log/slog"
 	"net/http"
-	"strconv"
+	"strings"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// TenantRequiredDetail is the detail of the 400 for a key without a tenant.
-const TenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey is set"
+// Mode says how a request whose key already has a record is answered.
+type Mode string
 
-// command is one keyed request being forwarded; ModifyResponse and
-// ErrorHandler find it in the outgoing request's context.
-type command struct {
-	claim idemproxy.Claim
-	info  *reqInfo
-	// leaseEnd is when the lock's lease ends, on this replica's clock,
-	// counted from before the claim was sent (so never later than the
-	// store's own end).
-	leaseEnd time.Time
+// The modes (README, "How it behaves").
+const (
+	// ModeNoop answers the original status with an empty body.
+	ModeNoop Mode = "noop"
+	// ModeStrict answers 409 naming the original command.
+	ModeStrict Mode = "strict"
+	// ModeReplay answers the stored upstream response.
+	ModeReplay Mode = "replay"
+)
+
+// Modes lists every mode, in the order the documentation gives them.
+var Modes = []Mode{ModeNoop, ModeStrict, ModeReplay}
+
+// IdempotencyConfig is the settings of the idempotency step, the same
+// whether it runs in the sidecar (Config embeds it) or in-process around
+// a handler. Store is required; every other zero value is replaced by the
+// default its comment gives.
+type IdempotencyConfig struct {
+	// Store keeps the locks and records.
+	Store idemproxy.Store
+	// Mode is noop when empty.
+	Mode Mode
+	// KeyTTL is how long a record replays; zero means 24h.
+	KeyTTL time.Duration
+	// LockTimeout is the lease of an in-flight lock; zero means 60s. It
+	// must exceed UpstreamTimeout plus StoreTimeout: a command must be
+	// able to record itself within its lease.
+	LockTimeout time.Duration
+	// UpstreamTimeout bounds a keyed command: the upstream call in the
+	// sidecar (and its wait for response headers of any request), the
+	// wrapped handler's context in-process. Zero means 30s.
+	UpstreamTimeout time.Duration
+	// StoreTimeout is the longest one store operation takes; the store
+	// bounds its own operations, this only tells the step how long that
+	// is, for the lease check and DrainBudget. Zero means 5s.
+	StoreTimeout time.Duration
+	// RecordRetries are the waits before each further attempt to write
+	// the record of a command that succeeded, after the first attempt
+	// failed. Nil means 50ms, 200ms, 500ms.
+	RecordRetries []time.Duration
+	// SuccessStatus lists the statuses that make a record; the lock of
+	// any other answer is released. Empty means 2xx.
+	SuccessStatus StatusSet
+	// RequireKey lists non-safe methods (any letter case) that must carry
+	// a key.
+	RequireKey []string
+	// MaxBodyBytes is the largest keyed request body; zero means 10 MiB.
+	MaxBodyBytes int64
+	// BodyTimeout bounds the time a keyed request body takes to arrive
+	// (408 past it); zero means 30s. Unkeyed bodies are not read.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the bytes of keyed request bodies buffered
+	// at once over all requests (503 when full); zero means 256 MiB. It
+	// must be at least MaxBodyBytes.
+	MaxBufferedBytes int64
+	// ReplayMaxBytes caps the response body kept in replay mode; zero
+	// means 1 MiB. A larger response is recorded without its body and
+	// replays like mode noop.
+	ReplayMaxBytes int64
+	// Metrics nil means unregistered collectors.
+	Metrics *Metrics
+	// Logger nil discards logs.
+	Logger *slog.Logger
 }
 
-type commandKey struct{}
+// defaultRecordRetries are RecordRetries' default.
+var defaultRecordRetries = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
 
-func commandFrom(ctx context.Context) *command {
-	c, _ := ctx.Value(commandKey{}).(*command)
+// withDefaults returns c with every zero value replaced by its default.
+func (c IdempotencyConfig) withDefaults() IdempotencyConfig {
+	if c.Mode == "" {
+		c.Mode = ModeNoop
+	}
+	defaultTo(&c.KeyTTL, 24*time.Hour)
+	defaultTo(&c.LockTimeout, 60*time.Second)
+	defaultTo(&c.UpstreamTimeout, 30*time.Second)
+	defaultTo(&c.StoreTimeout, 5*time.Second)
+	defaultTo(&c.BodyTimeout, 30*time.Second)
+	defaultTo(&c.MaxBodyBytes, 10<<20)
+	defaultTo(&c.MaxBufferedBytes, 256<<20)
+	defaultTo(&c.ReplayMaxBytes, 1<<20)
+	if c.RecordRetries == nil {
+		c.RecordRetries = defaultRecordRetries
+	}
+	if c.SuccessStatus.empty() {
+		c.SuccessStatus = successDefault
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
 	return c
 }
 
-// idempotency applies SPEC §4 to keyed requests with a non-safe method and
-// passes everything else to next untouched.
-func (p *Proxy) idempotency(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ri := infoFrom(r.Context())
-		if !p.checked(r) {
-			ri.outcome = OutcomePassthrough
-			next.ServeHTTP(w, r)
-			return
-		}
-		values, keyed := r.Header["Idempotency-Key"]
-		if !keyed { // checked without a key: its method must carry one
-			p.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
-				fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
-			return
-		}
-		key, err := ParseKey(values)
-		if err != nil {
-			p.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
-			return
-		}
-		ri.key = key
-		tenant, ok := tenancy.FromContext(r.Context())
-		if !ok {
-			p.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
-			return
-		}
-		ri.tenant = tenant
-		body, upBody, prob := p.readBody(w, r)
-		if prob != nil {
-			p.rejectBody(w, ri, prob)
-			return
-		}
-		if upBody != nil {
-			defer upBody.Close()
-		}
+var successDefault, _ = ParseStatusSet("2xx")
 
-		// From here on the client going away changes nothing: the claim,
-		// the upstream call and the record complete regardless. The path
-		// is the escaped one the upstream receives: /a%2Fb is not /a/b.
-		ctx := context.WithoutCancel(r.Context())
-		path := r.URL.EscapedPath()
-		cmd := &command{
-			info: ri,
-			claim: idemproxy.Claim{
-				Tenant:      tenant,
-				Key:         key,
-				Fingerprint: Fingerprint(r.Method, path, r.URL.RawQuery, body),
-				CommandID:   newCommandID(),
-				CommandType: commandType(r.Method, path),
-				Owner:       uuid.New(),
-				Lease:       p.cfg.LockTimeout,
-			},
-		}
-		claimSent := time.Now()
-		res, err := p.storeClaim(ctx, cmd.claim)
-		if err != nil {
-			p.storeFailed(w, r, ri, err)
-			return
-		}
-		if !res.Claimed {
-			p.answerExisting(w, ri, cmd.claim.Fingerprint, res.Entry)
-			return
-		}
-		ri.commandID = cmd.claim.CommandID.String()
-		cmd.leaseEnd = claimSent.Add(res.Entry.Remaining)
-		ri.outcome = OutcomeForwarded
-
-		ctx, cancel := context.WithTimeout(context.WithValue(ctx, commandKey{}, cmd), p.cfg.UpstreamTimeout)
-		defer cancel()
-		out := r.WithContext(ctx)
-		out.Body = http.NoBody
-		if upBody != nil {
-			out.Body = upBody
-		}
-		out.ContentLength = int64(len(body))
-		out.TransferEncoding = nil
-		next.ServeHTTP(w, out)
-	})
-}
-
-// maxCommandType bounds the command type kept with a lock or record; a
-// longer one is cut (the fingerprint still covers the whole path).
-const maxCommandType = 512
-
-// commandType is "METHOD /path", at most maxCommandType bytes.
-func commandType(method, path string) string {
-	ct := method + " " + path
-	if len(ct) > maxCommandType {
-		ct = ct[:maxCommandType-3] + "..."
-	}
-	return ct
-}
-
-func newCommandID() uuid.UUID {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.New()
-	}
-	return id
-}
-
-func (p *Proxy) reject(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Problem) {
-	ri.outcome = OutcomeRejected
-	idemproxy.WriteProblem(w, prob)
-}
-
-// rejectBody answers a keyed body that could not be buffered: 503 when the
-// buffers are full (the client is not at fault), a 4xx otherwise.
-func (p *Proxy) rejectBody(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Problem) {
-	if prob.Type == idemproxy.ProblemBufferedFull {
-		ri.outcome = OutcomeOverloaded
-		idemproxy.WriteProblem(w, prob)
-		return
-	}
-	p.reject(w, ri, prob)
-}
-
-// answerExisting answers a request whose key is already locked or recorded.
-func (p *Proxy) answerExisting(w http.ResponseWriter, ri *reqInfo, fp idemproxy.Fingerprint, e idemproxy.Entry) {
-	ri.commandID = e.CommandID.String()
-	if e.Fingerprint != fp {
-		ri.outcome = OutcomeFingerprintMismatch
-		prob := idemproxy.NewProblem(idemproxy.ProblemKeyReused,
-			"this Idempotency-Key was first used with a different method, path, query or body")
-		idemproxy.WriteProblem(w, prob)
-		return
-	}
-	if e.State == idemproxy.StateInFlight {
-		ri.outcome = OutcomeInProgress
-		prob := idemproxy.NewProblem(idemproxy.ProblemInProgress,
-			"a request with this Idempotency-Key is still being processed; retry later")
-		prob.RetryAfter = retryAfter(e.Remaining)
-		idemproxy.WriteProblem(w, prob)
-		return
-	}
-	h := w.Header()
-	h.Set("Idempotent-Replayed", "true")
-	h.Set("Idempotency-Command-Id", ri.commandID)
-	h.Set("Idempotency-Command-Type", e.CommandType)
-	if p.cfg.Mode == ModeStrict {
-		ri.outcome = OutcomeConflictReplay
-		prob := idemproxy.NewProblem(idemproxy.ProblemReplay,
-			"a request with this Idempotency-Key already succeeded")
-		prob.Extensions = map[string]any{
-			"command_id":   ri.commandID,
-			"command_type": e.CommandType,
-			"created_at":   e.CreatedAt.UTC().Format(time.RFC3339Nano),
-		}
-		idemproxy.WriteProblem(w, prob)
-		return
-	}
-	ri.outcome = OutcomeReplayed
-	if p.cfg.Mode == ModeReplay && e.Response != nil && !e.Response.Truncated {
-		for k, v := range e.Response.Header {
-			h[k] = v
-		}
-		h.Set("Content-Length", strconv.Itoa(len(e.Response.Body)))
-		w.WriteHeader(e.Status)
-		_, _ = w.Write(e.Response.Body)
-		return
-	}
-	h.Set("Content-Length", "0")
-	w.WriteHeader(e.Status)
-}
-
-// retryAfter is a lease's remaining time in whole seconds, rounded down so
-// it never exceeds the lease, and at least 1.
-func retryAfter(remaining time.Duration) int {
-	return max(int(remaining/time.Second), 1)
-}
-
-// storeFailed answers 503 when the store cannot be used: never forward a
-// keyed request unprotected.
-func (p *Proxy) storeFailed(w http.ResponseWriter, r *http.Request, ri *reqInfo, err error) {
-	ri.outcome = OutcomeStoreUnavailable
-	typ, detail := idemproxy.ProblemStoreUnavailable, "the idempotency store cannot be reached; the request was not forwarded"
-	switch {
-	case errors.Is(err, idemproxy.ErrFullTenant):
-		typ, detail = idemproxy.ProblemStoreFull, "this tenant holds as many keys as one tenant may (IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES); the request was not forwarded"
-	case errors.Is(err, idemproxy.ErrFullBytes):
-		typ, detail = idemproxy.ProblemStoreFull, "the idempotency store holds as many bytes as it may (IDEMPROXY_MEMORY_MAX_BYTES); the request was not forwarded"
-	case errors.Is(err, idemproxy.ErrFull):
-		typ, detail = idemproxy.ProblemStoreFull, "the idempotency store holds as many keys as it may (IDEMPROXY_MEMORY_MAX_ENTRIES); the request was not forwarded"
-	}
-	p.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.id, "error", err)
-	prob := idemproxy.NewProblem(typ, detail)
-	prob.RetryAfter = 1
-	idemproxy.WriteProblem(w, prob)
-}
-
-func (p *Proxy) observeStore(op string, start time.Time) {
-	p.metrics.StoreDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
-}
-
-func (p *Proxy) storeClaim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
-	defer p.observeStore("claim", time.Now())
-	return p.cfg.Store.Claim(ctx, c)
-}
-
-// completeBackoff spaces the attempts to write a record after a 2xx.
-var completeBackoff = []time.Duration{0, 50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
-
-// complete writes the record for a command that succeeded. If the store
-// keeps failing, the lock is kept (never released): the command ran, so a
-// retry must not run it again before the lease ends.
-func (p *Proxy) complete(ctx context.Context, cmd *command, status int, resp *idemproxy.Response) {
-	c := idemproxy.Completion{
-		Tenant: cmd.claim.Tenant, Key: cmd.claim.Key, Owner: cmd.claim.Owner,
-		Status: status, Response: resp, TTL: p.cfg.KeyTTL,
-	}
-	var err error
-	for attempt, wait := range completeBackoff {
-		if wait > 0 {
-			time.Sleep(wait)
-		}
-		err = p.storeOp(ctx, "complete", func(ctx context.Context) error { return p.cfg.Store.Complete(ctx, c) })
-		if err == nil {
-			return
-		}
-		if errors.Is(err, idemproxy.ErrNotOwner) && attempt > 0 && p.ownRecord(ctx, cmd) {
-			// An earlier attempt was written, but its answer was lost.
-			return
-		}
-		if errors.Is(err, idemproxy.ErrNotOwner) {
-			p.metrics.LockLost.Inc()
-			p.log.ErrorContext(ctx, "record not written: the lock expired and was claimed again; the command may have run twice",
-				"request_id", cmd.info.id, "tenant", c.Tenant.String(), "idempotency_key", c.Key,
-				"command_id", cmd.info.commandID)
-			return
-		}
-	}
-	p.metrics.RecordWriteFailures.Inc()
-	p.log.ErrorContext(ctx, "RECORD WRITE FAILED after a 2xx: key stays locked until its lease ends",
-		"request_id", cmd.info.id, "tenant", c.Tenant.String(), "idempotency_key", c.Key,
-		"command_id", cmd.info.commandID, "lease", p.cfg.LockTimeout.String(), "error", err)
-}
-
-// ownRecord reports whether the key holds the record of this very command.
-func (p *Proxy) ownRecord(ctx context.Context, cmd *command) bool {
-	var e idemproxy.Entry
-	err := p.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
-		e, err = p.cfg.Store.Lookup(ctx, cmd.claim.Tenant, cmd.claim.Key)
-		return err
-	})
-	return err == nil && e.State == idemproxy.StateSucceeded && e.CommandID == cmd.claim.CommandID
-}
-
-// release drops the lock of a command whose outcome is known not to have
-// taken effect (non-2xx, or never sent).
-func (p *Proxy) release(ctx context.Context, cmd *command) {
-	err := p.storeOp(ctx, "release", func(ctx context.Context) error {
-		return p.cfg.Store.Release(ctx, cmd.claim.Tenant, cmd.claim.Key, cmd.claim.Owner)
-	})
-	if err != nil {
-		if errors.Is(err, idemproxy.ErrNotOwner) {
-			p.metrics.LockLost.Inc()
-		}
-		p.log.WarnContext(ctx, "lock not released; it ends with its lease",
-			"request_id", cmd.info.id, "tenant", cmd.claim.Tenant.String(), "idempotency_key", cmd.claim.Key, "error", err)
+func defaultTo[T time.Duration | int64](v *T, def T) {
+	if *v == 0 {
+		*v = def
 	}
 }
 
-// storeOp runs a store operation that must finish even if the request's
-// context ends: the store bounds its duration.
-func (p *Proxy) storeOp(ctx context.Context, op string, f func(context.Context) error) error {
-	defer p.observeStore(op, time.Now())
-	return f(context.WithoutCancel(ctx))
+// Validate reports every setting of c (with defaults applied) that
+// NewIdempotency refuses, as *idemproxy.ConfigError values joined in one
+// error. It does not look at Store, which NewIdempotency requires.
+func (c IdempotencyConfig) Validate() error {
+	c = c.withDefaults()
+	errs := idemproxy.ConfigErrors{Struct: "proxy.IdempotencyConfig"}
+	if !isMode(c.Mode) {
+		errs.Add("Mode", "must be noop, strict or replay, got %q", c.Mode)
+	}
+	for field, d := range map[string]time.Duration{
+		"KeyTTL": c.KeyTTL, "LockTimeout": c.LockTimeout, "UpstreamTimeout": c.UpstreamTimeout,
+		"StoreTimeout": c.StoreTimeout, "BodyTimeout": c.BodyTimeout,
+	} {
+		if d < 0 {
+			errs.Add(field, "must be a positive duration, got %s", d)
+		}
+	}
+	if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
+		errs.Add("LockTimeout", "must exceed {UpstreamTimeout} + {StoreTimeout} (%s <= %s): a command must be able to record itself within its lease",
+			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
+	}
+	for _, d := range c.RecordRetries {
+		if d < 0 {
+			errs.Add("RecordRetries", "must not hold a negative wait, got %s", d)
+		}
+	}
+	for _, m := range c.RequireKey {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" && (safeMethods[m] || !isToken(m)) {
+			errs.Add("RequireKey", "must list non-safe methods such as POST, PUT, PATCH or DELETE, got %q", m)
+		}
+	}
+	for field, n := range map[string]int64{"MaxBodyBytes": c.MaxBodyBytes, "MaxBufferedBytes": c.MaxBufferedBytes, "ReplayMaxBytes": c.ReplayMaxBytes} {
+		if n < 0 {
+			errs.Add(field, "must be positive, got %d", n)
+		}
+	}
+	if c.MaxBufferedBytes < c.MaxBodyBytes {
+		errs.Add("MaxBufferedBytes", "must be at least {MaxBodyBytes} (%d < %d): one largest body must fit", c.MaxBufferedBytes, c.MaxBodyBytes)
+	}
+	return errs.Err()
+}
+
+func isMode(m Mode) bool {
+	for _, known := range Modes {
+		if m == known {
+			return true
+		}
+	}
+	return false
+}
+
+// DrainBudget is the longest a request can take once its headers are read:
+// the body timeout, the upstream timeout, and its store operations — the
+// claim, every record-write attempt and the one lookup that checks a
+// completion whose answer was lost, each up to StoreTimeout — with the
+// waits between the attempts. A graceful shutdown must give in-flight
+// commands that long to finish and record.
+func (c IdempotencyConfig) DrainBudget() time.Duration {
+	c = c.withDefaults()
+	storeCalls := 1 + (1 + len(c.RecordRetries)) + 1
+	d := c.BodyTimeout + c.UpstreamTimeout + time.Duration(storeCalls)*c.StoreTimeout
+	for _, wait := range c.RecordRetries {
+		d += wait
+	}
+	return d
+}
+
+// Idempotency is the idempotency step: it applies the README's "How it
+// behaves" to every checked request — a keyed request with a non-safe
+// method, or one whose method must carry a key — and lets every other
+// request pass untouched. The lifecycle of a checked request is in
+// command.go; the sidecar mounts the step in front of its reverse proxy
+// (New), and Middleware mounts it around a handler of a Go service.
+type Idempotency struct {
+	cfg      IdempotencyConfig
+	require  map[string]bool
+	buffered *bodyBudget
+	metrics  *Metrics
+	log      *slog.Logger
+}
+
+// NewIdempotency validates cfg and returns the step.
+func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Store == nil {
+		return nil, &idemproxy.ConfigError{Struct: "proxy.IdempotencyConfig", Field: "Store", Reason: "is required"}
+	}
+	cfg = cfg.withDefaults()
+	g := &Idempotency{
+		cfg:      cfg,
+		require:  map[string]bool{},
+		buffered: &bodyBudget{max: cfg.MaxBufferedBytes, gauge: cfg.Metrics.BufferedBytes},
+		metrics:  cfg.Metrics,
+		log:      cfg.Logger,
+	}
+	for _, m := range cfg.RequireKey {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
+			g.require[m] = true
+		}
+	}
+	return g, nil
+}
+
+var safeMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true, http.MethodTrace: true,
+}
+
+// Checked reports whether r is subject to tenancy and idempotency: a
+// non-safe method carrying an Idempotency-Key header, or a method that
+// must carry one. Method names are matched whatever their letter case.
+// Give it to the tenancy middleware (tenancy.MiddlewareOptions.Applies)
+// so that no tenant is needed, and no token checked, for other requests.
+func (g *Idempotency) Checked(r *http.Request) bool {
+	m := r.Method
+	if !isUpper(m) {
+		m = strings.ToUpper(m)
+	}
+	if safeMethods[m] {
+		return false
+	}
+	_, keyed := r.Header["Idempotency-Key"]
+	return keyed || g.require[m]
+}
+
+func isUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// isToken reports whether s is an HTTP method name: an RFC 9110 token.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ import (
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// TestStateTable walks SPEC §4's first table in every mode.
+// TestStateTable walks the first table of the README's "How it behaves" in every mode.
 func TestStateTable(t *testing.T) { forEachStore(t, testStateTable) }
 
 func testStateTable(t *testing.T, st option) {
@@ -504,16 +505,6 @@ func testRequireKey(t *testing.T, st option) {
 	e.wantCalls(3)
 }
 
-func TestRequireKeyRejectsSafeMethods(t *testing.T) {
-	_, err := proxy.New(proxy.Config{
-		Upstream: newUpstream(t).url(), Store: newEnv(t).mem, Tenancy: mustResolver(t),
-		RequireKey: []string{"GET"},
-	})
-	if err == nil {
-		t.Fatal("GET accepted as a method that must carry a key")
-	}
-}
-
 func mustResolver(t *testing.T) *tenancy.Resolver {
 	t.Helper()
 	r, err := tenancy.New(context.Background(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
@@ -523,13 +514,43 @@ func mustResolver(t *testing.T) *tenancy.Resolver {
 	return r
 }
 
-func TestLockTimeoutMustExceedUpstreamTimeout(t *testing.T) {
-	_, err := proxy.New(proxy.Config{
-		Upstream: newUpstream(t).url(), Store: newEnv(t).mem, Tenancy: mustResolver(t),
-		LockTimeout: time.Second, UpstreamTimeout: time.Second,
-	})
-	if err == nil || !strings.Contains(err.Error(), "must exceed") {
-		t.Fatalf("got %v, want an error saying the lock timeout must exceed the upstream timeout", err)
+// TestConfigRefused: New refuses a setting the step cannot honour and
+// names its field, so that the command can name its variable.
+func TestConfigRefused(t *testing.T) {
+	mem := newEnv(t).mem
+	for _, tc := range []struct {
+		name  string
+		set   func(*proxy.Config)
+		field string
+	}{
+		{"a safe method must carry a key", func(c *proxy.Config) { c.RequireKey = []string{"get"} }, "RequireKey"},
+		{"not a method", func(c *proxy.Config) { c.RequireKey = []string{"PO ST"} }, "RequireKey"},
+		{"lease not above the upstream timeout", func(c *proxy.Config) { c.LockTimeout, c.UpstreamTimeout = time.Second, time.Second }, "LockTimeout"},
+		{"no room to record within the lease", func(c *proxy.Config) {
+			c.LockTimeout, c.UpstreamTimeout, c.StoreTimeout = 6*time.Second, time.Second, 5*time.Second
+		}, "LockTimeout"},
+		{"unknown mode", func(c *proxy.Config) { c.Mode = "replayy" }, "Mode"},
+		{"buffers smaller than one body", func(c *proxy.Config) { c.MaxBodyBytes, c.MaxBufferedBytes = 2<<20, 1<<20 }, "MaxBufferedBytes"},
+		{"negative duration", func(c *proxy.Config) { c.KeyTTL = -time.Second }, "KeyTTL"},
+		{"negative record retry", func(c *proxy.Config) { c.RecordRetries = []time.Duration{-1} }, "RecordRetries"},
+		{"no store", func(c *proxy.Config) { c.Store = nil }, "Store"},
+		{"no upstream", func(c *proxy.Config) { c.Upstream = nil }, "Upstream"},
+		{"relative upstream", func(c *proxy.Config) { c.Upstream = &url.URL{Path: "/orders"} }, "Upstream"},
+		{"no tenancy", func(c *proxy.Config) { c.Tenancy = nil }, "Tenancy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := proxy.Config{Upstream: newUpstream(t).url(), Tenancy: mustResolver(t),
+				IdempotencyConfig: proxy.IdempotencyConfig{Store: mem}}
+			if _, err := proxy.New(cfg); err != nil {
+				t.Fatalf("the base config is refused: %v", err)
+			}
+			tc.set(&cfg)
+			_, err := proxy.New(cfg)
+			var ce *idemproxy.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("New: got %v, want a ConfigError for %s", err, tc.field)
+			}
+		})
 	}
 }
 
@@ -1072,4 +1093,21 @@ func TestStoreFullNamesTheBound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEveryMethodAndPathReachesUpstream: the chain is a chi router, and
+// nothing it does not route is lost: a custom method passes (unkeyed) or
+// is a command like any non-safe one (keyed), and a path chi would
+// unescape reaches the upstream as sent.
+func TestEveryMethodAndPathReachesUpstream(t *testing.T) {
+	e := newEnv(t)
+	wantStatus(t, e.do(req{method: "PROPFIND", path: "/dav/a%2Fb", tenant: "-"}), http.StatusCreated)
+	e.wantCalls(1)
+	if got := e.up.lastRequest(); got.Method != "PROPFIND" || got.URL.EscapedPath() != "/dav/a%2Fb" {
+		t.Fatalf("upstream got %s %s, want PROPFIND /dav/a%%2Fb", got.Method, got.URL.EscapedPath())
+	}
+	for range 2 {
+		wantStatus(t, e.do(req{method: "PURGE", path: "/cache", key: "purge-1"}), http.StatusCreated)
+	}
+	e.wantCalls(2)
 }

@@ -20,7 +20,7 @@ const (
 )
 
 // Metrics are the Prometheus collectors of one proxy. Their names are
-// public interface (SPEC §8, README "Metrics").
+// public interface (README, "Metrics").
 type Metrics struct {
 	Requests            *prometheus.CounterVec
 	UpstreamDuration    prometheus.Histogram

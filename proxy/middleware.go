@@ -110,11 +110,6 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		ri := infoFrom(r.Context())
-		if p.checked(r) {
-			// Tenancy refuses checked requests before idempotency
-			// records an outcome; every later path sets its own.
-			ri.outcome = OutcomeRejected
-		}
 		defer func() {
 			p.metrics.Requests.WithLabelValues(ri.outcome).Inc()
 			if !p.log.Enabled(r.Context(), slog.LevelInfo) {
@@ -161,4 +156,11 @@ func (p *Proxy) recover(next http.Handler) http.Handler {
 		}()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// tenancyRefused answers a checked request the tenancy middleware refused
+// (a bad token, a malformed or conflicting tenant) and counts it rejected.
+func (p *Proxy) tenancyRefused(w http.ResponseWriter, r *http.Request, prob *idemproxy.Problem) {
+	infoFrom(r.Context()).outcome = OutcomeRejected
+	idemproxy.WriteProblem(w, prob)
 }

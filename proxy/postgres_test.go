@@ -32,8 +32,8 @@ func replica(t *testing.T, up *upstream, dbURL string) (*httptest.Server, *store
 	}
 	t.Cleanup(pg.Close)
 	p, err := proxy.New(proxy.Config{
-		Upstream: up.url(), Store: pg, Tenancy: mustResolver(t),
-		LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
+		Upstream: up.url(), Tenancy: mustResolver(t),
+		IdempotencyConfig: proxy.IdempotencyConfig{Store: pg, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func TestPostgresOutageFailsClosedAndHeals(t *testing.T) {
 	u.Host = fn.Addr()
 	up := newUpstream(t)
 	srv, pg := replica(t, up, u.String())
-	admin := httptest.NewServer(proxy.NewAdmin(proxy.AdminConfig{Store: pg}))
+	admin := httptest.NewServer(newAdmin(t, proxy.AdminConfig{Store: pg}))
 	defer admin.Close()
 	tenant := uuid.New()
 

@@ -24,6 +24,34 @@ var replayHeaders = []string{
 	"Location", "Etag", "Last-Modified", "Cache-Control", "Link",
 }
 
+// forward mounts the idempotency step in front of the reverse proxy
+// next: a checked request is begun here and forwarded once, in a context
+// that carries its command to the proxy's hooks, which settle it (rewrite,
+// modifyResponse, errorHandler). Every other request passes untouched.
+func (p *Proxy) forward(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !p.idem.Checked(r) {
+			infoFrom(r.Context()).outcome = OutcomePassthrough
+			next.ServeHTTP(w, r)
+			return
+		}
+		cmd, ctx := p.idem.begin(w, r)
+		if cmd == nil {
+			return
+		}
+		defer cmd.done()
+		next.ServeHTTP(w, cmd.request(r, context.WithValue(ctx, commandKey{}, cmd)))
+	})
+}
+
+type commandKey struct{}
+
+// commandFrom returns the command an outgoing request carries, if any.
+func commandFrom(ctx context.Context) *command {
+	c, _ := ctx.Value(commandKey{}).(*command)
+	return c
+}
+
 // reverseProxy forwards to the upstream. For a keyed command it records or
 // releases the lock once the upstream's answer (or failure) is known.
 func (p *Proxy) reverseProxy() http.Handler {
@@ -98,21 +126,18 @@ func lowerASCII(s string) string {
 	return string(b)
 }
 
+// modifyResponse settles a command the upstream answered, before the
+// response goes on to the client.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	cmd := commandFrom(resp.Request.Context())
 	if cmd == nil {
 		return nil
 	}
-	ctx := resp.Request.Context()
-	if !p.cfg.SuccessStatus.Contains(resp.StatusCode) {
-		p.release(ctx, cmd)
-		return nil
-	}
 	var stored *idemproxy.Response
-	if p.cfg.Mode == ModeReplay {
+	if cmd.keepsResponse(resp.StatusCode) {
 		stored = p.capture(resp)
 	}
-	p.complete(ctx, cmd, resp.StatusCode, stored)
+	cmd.answered(resp.Request.Context(), resp.StatusCode, stored)
 	resp.Header.Set("Idempotency-Command-Id", cmd.info.commandID)
 	return nil
 }
@@ -154,14 +179,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	ri := infoFrom(r.Context())
 	cmd := commandFrom(r.Context())
 	notSent := isDialError(err)
-	if cmd != nil {
-		ri.outcome = OutcomeUpstreamError
-		if notSent {
-			p.release(r.Context(), cmd)
-		}
-	} else if errors.Is(err, context.Canceled) {
-		// The client went away; nobody is left to answer.
-		return
+	if cmd == nil && errors.Is(err, context.Canceled) {
+		return // the client went away; nobody is left to answer
 	}
 	var prob *idemproxy.Problem
 	switch {
@@ -172,8 +191,11 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	default:
 		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamNoAnswer, "the upstream broke off without an answer; the request may have taken effect")
 	}
-	if cmd != nil && !notSent {
-		prob.RetryAfter = retryAfter(time.Until(cmd.leaseEnd))
+	switch {
+	case cmd != nil && notSent:
+		cmd.notSent(r.Context())
+	case cmd != nil:
+		prob.RetryAfter = cmd.unknown()
 		prob.Extensions = map[string]any{"command_id": cmd.info.commandID}
 	}
 	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.id, "error", err, "sent", !notSent)

@@ -63,11 +63,11 @@ type Postgres struct {
 // idemproxy.ErrUnavailable until it comes back, and NewPostgres fails only
 // on a bad URL or option. Call Close to release the pool.
 func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
-	}
-	if opts.MaxConns < 0 {
-		return nil, fmt.Errorf("store: postgres max conns must be positive, got %d", opts.MaxConns)
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = 2 * time.Second

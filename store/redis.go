@@ -119,6 +119,9 @@ func newLuaScript(src string) luaScript { return luaScript{redis.NewScript(src),
 // a bad URL or option. Call Check before serving, and Close to release
 // the connections.
 func NewRedis(opts RedisOptions) (*Redis, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	if opts.OpTimeout <= 0 {
 		opts.OpTimeout = 3 * time.Second
 	}
@@ -127,15 +130,6 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = "idemproxy:"
-	}
-	if strings.ContainsAny(opts.Prefix, "{}*?[]\\") {
-		return nil, fmt.Errorf("store: redis key prefix %q may not contain '{', '}' or a glob character", opts.Prefix)
-	}
-	if opts.PoolSize < 0 {
-		return nil, fmt.Errorf("store: redis pool size must be positive, got %d", opts.PoolSize)
-	}
-	if opts.WaitReplicas < 0 {
-		return nil, fmt.Errorf("store: redis replicas to wait for must not be negative, got %d", opts.WaitReplicas)
 	}
 	if opts.Logger != nil {
 		redis.SetLogger(redisLog{opts.Logger})
@@ -162,7 +156,7 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	if opts.Cluster {
 		co, err := redis.ParseClusterURL(opts.URL)
 		if err != nil {
-			return nil, fmt.Errorf("store: redis cluster url: %v", redactURLError(err))
+			return nil, fmt.Errorf("store: redis cluster url: %w", redactURLError(err))
 		}
 		tune(&co.ContextTimeoutEnabled, &co.DialTimeout, &co.ReadTimeout, &co.WriteTimeout, &co.PoolTimeout, &co.MaxRetries, &co.PoolSize)
 		r.cluster = redis.NewClusterClient(co)
@@ -170,7 +164,7 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 	} else {
 		o, err := redis.ParseURL(opts.URL)
 		if err != nil {
-			return nil, fmt.Errorf("store: redis url: %v", redactURLError(err))
+			return nil, fmt.Errorf("store: redis url: %w", redactURLError(err))
 		}
 		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.MaxRetries, &o.PoolSize)
 		r.c = redis.NewClient(o)
@@ -184,6 +178,40 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 		r.pipeline = ap
 	}
 	return r, nil
+}
+
+// Validate reports every setting of o that NewRedis refuses, as
+// *idemproxy.ConfigError values joined in one error; it connects to
+// nothing. An error never echoes the URL, which may carry a password.
+func (o RedisOptions) Validate() error {
+	errs := idemproxy.ConfigErrors{Struct: "store.RedisOptions"}
+	var err error
+	switch {
+	case o.URL == "":
+		errs.Add("URL", "is required")
+	case o.Cluster:
+		_, err = redis.ParseClusterURL(o.URL)
+	default:
+		_, err = redis.ParseURL(o.URL)
+	}
+	if err != nil {
+		errs.Add("URL", "is not a redis:// or rediss:// URL go-redis reads (%v)", redactURLError(err))
+	}
+	if strings.ContainsAny(o.Prefix, "{}*?[]\\") {
+		errs.Add("Prefix", "may not contain '{', '}' or a glob character, got %q", o.Prefix)
+	}
+	if o.PoolSize < 0 {
+		errs.Add("PoolSize", "must be positive, got %d", o.PoolSize)
+	}
+	if o.WaitReplicas < 0 {
+		errs.Add("WaitReplicas", "must not be negative, got %d", o.WaitReplicas)
+	}
+	for field, d := range map[string]time.Duration{"OpTimeout": o.OpTimeout, "LockGrace": o.LockGrace} {
+		if d < 0 {
+			errs.Add(field, "must be a positive duration, got %s", d)
+		}
+	}
+	return errs.Err()
 }
 
 // redisLog passes go-redis's messages to a slog.Logger.

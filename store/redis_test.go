@@ -575,16 +575,19 @@ func TestRedisOptions(t *testing.T) {
 		opts RedisOptions
 		want string
 	}{
-		{"bad scheme", RedisOptions{URL: "mysql://u:hunter2@h/0"}, "redis url"},
-		{"unparsable", RedisOptions{URL: "redis://u:hunter2@h:port/0"}, "redis url"},
-		{"cluster, bad scheme", RedisOptions{URL: "http://u:hunter2@h", Cluster: true}, "redis cluster url"},
-		{"hash tag in the prefix", RedisOptions{URL: "redis://h/0", Prefix: "{app}:"}, "prefix"},
-		{"glob in the prefix", RedisOptions{URL: "redis://h/0", Prefix: "app*"}, "prefix"},
-		{"negative pool", RedisOptions{URL: "redis://h/0", PoolSize: -1}, "pool size"},
+		{"no URL", RedisOptions{}, "store.RedisOptions.URL is required"},
+		{"bad scheme", RedisOptions{URL: "mysql://u:hunter2@h/0"}, "store.RedisOptions.URL is not"},
+		{"unparsable", RedisOptions{URL: "redis://u:hunter2@h:port/0"}, "store.RedisOptions.URL is not"},
+		{"cluster, bad scheme", RedisOptions{URL: "http://u:hunter2@h", Cluster: true}, "store.RedisOptions.URL is not"},
+		{"hash tag in the prefix", RedisOptions{URL: "redis://h/0", Prefix: "{app}:"}, "store.RedisOptions.Prefix"},
+		{"glob in the prefix", RedisOptions{URL: "redis://h/0", Prefix: "app*"}, "store.RedisOptions.Prefix"},
+		{"negative pool", RedisOptions{URL: "redis://h/0", PoolSize: -1}, "store.RedisOptions.PoolSize"},
+		{"negative wait", RedisOptions{URL: "redis://h/0", WaitReplicas: -1}, "store.RedisOptions.WaitReplicas"},
 	} {
 		_, err := NewRedis(tc.opts)
-		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "hunter2") {
-			t.Errorf("%s: got %v, want an error about the %s that does not echo the password", tc.name, err, tc.want)
+		var ce *idemproxy.ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s: got %v, want a ConfigError naming %s that does not echo the password", tc.name, err, tc.want)
 		}
 	}
 }

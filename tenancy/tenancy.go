@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -100,17 +101,11 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
-	if len(cfg.Sources) == 0 {
-		return nil, errors.New("tenancy: no tenant source")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	seen := map[Source]bool{}
 	for _, s := range cfg.Sources {
-		if s != SourceHeader && s != SourceJWT {
-			return nil, fmt.Errorf("tenancy: unknown source %q (want header or jwt)", s)
-		}
-		if seen[s] {
-			return nil, fmt.Errorf("tenancy: source %q listed twice", s)
-		}
 		seen[s] = true
 		r.sources = append(r.sources, s)
 	}
@@ -123,19 +118,13 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 	if len(cfg.HS256Secret) > 0 {
 		methods = append(methods, jwt.SigningMethodHS256.Alg())
 	}
-	switch k := cfg.PublicKey.(type) {
-	case nil:
+	switch cfg.PublicKey.(type) {
 	case *rsa.PublicKey:
 		methods = append(methods, jwt.SigningMethodRS256.Alg())
 	case *ecdsa.PublicKey:
 		methods = append(methods, jwt.SigningMethodES256.Alg())
-	default:
-		return nil, fmt.Errorf("tenancy: unsupported public key type %T", k)
 	}
 	if cfg.JWKSURL != "" {
-		if cfg.PublicKey != nil {
-			return nil, errors.New("tenancy: give a JWKS URL or a public key, not both")
-		}
 		client := cfg.Client
 		if client == nil {
 			client = &http.Client{Timeout: 10 * time.Second}
@@ -166,9 +155,6 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		r.jwks = kf
 		methods = append(methods, jwt.SigningMethodRS256.Alg(), jwt.SigningMethodES256.Alg())
 	}
-	if len(methods) == 0 {
-		return nil, errors.New("tenancy: jwt source needs an HS256 secret, a JWKS URL or a public key")
-	}
 	opts := []jwt.ParserOption{jwt.WithValidMethods(methods), jwt.WithExpirationRequired()}
 	if cfg.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
@@ -178,6 +164,65 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 	}
 	r.parser = jwt.NewParser(opts...)
 	return r, nil
+}
+
+// minSecret is the shortest HS256 secret accepted: 256 bits, as RFC 7518
+// §3.2 asks of a key for HS256.
+const minSecret = 32
+
+// Validate reports every setting of c that New refuses, as
+// *idemproxy.ConfigError values joined in one error.
+func (c Config) Validate() error {
+	errs := idemproxy.ConfigErrors{Struct: "tenancy.Config"}
+	seen := map[Source]bool{}
+	for _, s := range c.Sources {
+		switch {
+		case s != SourceHeader && s != SourceJWT:
+			errs.Add("Sources", "must list header or jwt, got %q", s)
+		case seen[s]:
+			errs.Add("Sources", "lists %q twice", s)
+		}
+		seen[s] = true
+	}
+	if len(c.Sources) == 0 {
+		errs.Add("Sources", "must list header and/or jwt")
+	}
+	if c.Header != "" && !validHeaderName(c.Header) {
+		errs.Add("Header", "must be a header name, got %q", c.Header)
+	}
+	if len(c.HS256Secret) > 0 && len(c.HS256Secret) < minSecret {
+		errs.Add("HS256Secret", "must be at least %d bytes long (it is %d)", minSecret, len(c.HS256Secret))
+	}
+	switch k := c.PublicKey.(type) {
+	case nil, *rsa.PublicKey, *ecdsa.PublicKey:
+	default:
+		errs.Add("PublicKey", "must be an RSA or ECDSA P-256 key, got %T", k)
+	}
+	if c.JWKSURL != "" {
+		if u, err := url.Parse(c.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs.Add("JWKSURL", "must be an absolute http or https URL")
+		}
+		if c.PublicKey != nil {
+			errs.Add("JWKSURL", "and {PublicKey} are exclusive: set one")
+		}
+	}
+	if seen[SourceJWT] && len(c.HS256Secret) == 0 && c.JWKSURL == "" && c.PublicKey == nil {
+		errs.Add("Sources", "includes jwt, so set {HS256Secret}, {JWKSURL} or {PublicKey}")
+	}
+	if c.JWKSRefresh < 0 {
+		errs.Add("JWKSRefresh", "must be a positive duration, got %s", c.JWKSRefresh)
+	}
+	return errs.Err()
+}
+
+// validHeaderName reports whether s is an HTTP field name (an RFC 9110 token).
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // ParsePublicKey reads a PEM public key (PKIX, PKCS#1 RSA or a certificate)
@@ -232,21 +277,37 @@ func FromContext(ctx context.Context) (uuid.UUID, bool) {
 	return t, ok
 }
 
-// Middleware resolves the tenant of every request for which applies
-// returns true (nil means all) and stores it with NewContext. A request
-// without a tenant passes on without one; a bad token is answered 401 and a
-// malformed tenant 400, as problem+json, and goes no further. Requests for
-// which applies is false pass untouched: no token is checked for them.
-func (r *Resolver) Middleware(applies func(*http.Request) bool) func(http.Handler) http.Handler {
+// MiddlewareOptions configures Resolver.Middleware. The zero value
+// resolves every request and answers a refused one with its problem.
+type MiddlewareOptions struct {
+	// Applies reports whether a request is resolved; nil means every
+	// request. Requests for which it is false pass untouched: no token is
+	// checked for them.
+	Applies func(*http.Request) bool
+	// ErrorHandler answers a refused request: a bad token (401), a
+	// malformed tenant (400) or a tenant header that conflicts with the
+	// token (400). Nil writes p with idemproxy.WriteProblem.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, p *idemproxy.Problem)
+}
+
+// Middleware resolves the tenant of every request opts.Applies to and
+// stores it with NewContext. A request without a tenant passes on without
+// one (the idempotency step decides whether it needs one); a refused
+// request is answered by opts.ErrorHandler and goes no further.
+func (r *Resolver) Middleware(opts MiddlewareOptions) func(http.Handler) http.Handler {
+	refuse := opts.ErrorHandler
+	if refuse == nil {
+		refuse = func(w http.ResponseWriter, _ *http.Request, p *idemproxy.Problem) { idemproxy.WriteProblem(w, p) }
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			if applies != nil && !applies(req) {
+			if opts.Applies != nil && !opts.Applies(req) {
 				next.ServeHTTP(w, req)
 				return
 			}
 			tenant, ok, p := r.Resolve(req)
 			if p != nil {
-				idemproxy.WriteProblem(w, p)
+				refuse(w, req, p)
 				return
 			}
 			if ok {

@@ -378,7 +378,7 @@ func TestMiddleware(t *testing.T) {
 		calls.Add(1)
 		seen, _ = tenancy.FromContext(req.Context())
 	})
-	h := r.Middleware(func(req *http.Request) bool { return req.Method == http.MethodPost })(next)
+	h := r.Middleware(tenancy.MiddlewareOptions{Applies: func(req *http.Request) bool { return req.Method == http.MethodPost }})(next)
 
 	tenant := uuid.New()
 	rec := httptest.NewRecorder()

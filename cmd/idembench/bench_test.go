@@ -159,11 +159,13 @@ func newBenchProxyBound(b *testing.B, logLevel string, maxEntries int, closeAtEn
 	u, _ := url.Parse("http://upstream.test")
 	p, err := proxy.New(proxy.Config{
 		Upstream:  u,
-		Store:     mem,
 		Tenancy:   resolver,
 		Transport: rt,
-		Metrics:   proxy.NewMetrics(prometheus.NewRegistry()),
-		Logger:    logger,
+		IdempotencyConfig: proxy.IdempotencyConfig{
+			Store:   mem,
+			Metrics: proxy.NewMetrics(prometheus.NewRegistry()),
+			Logger:  logger,
+		},
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -55,7 +55,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // newBareProxy is the baseline: what a careful user writes with the
 // standard library alone — Rewrite with SetURL and SetXForwarded (the
-// forwarding work SPEC §5 asks of idemproxy too) over the same tuned
+// forwarding work idemproxy does too (README, "Performance")) over the same tuned
 // transport as idemproxy.
 func newBareProxy(upstreamURL *url.URL) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
@@ -257,12 +257,14 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 // serves it.
 func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resolver *tenancy.Resolver, logger *slog.Logger) (*server, error) {
 	p, err := proxy.New(proxy.Config{
-		Upstream:        upstreamURL,
-		Store:           st,
-		Tenancy:         resolver,
-		UpstreamTimeout: upstreamTimeout,
-		Metrics:         proxy.NewMetrics(prometheus.NewRegistry()),
-		Logger:          logger,
+		Upstream: upstreamURL,
+		Tenancy:  resolver,
+		IdempotencyConfig: proxy.IdempotencyConfig{
+			Store:           st,
+			UpstreamTimeout: upstreamTimeout,
+			Metrics:         proxy.NewMetrics(prometheus.NewRegistry()),
+			Logger:          logger,
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -18,70 +18,79 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // Config is the whole configuration, read from IDEMPROXY_* variables. The
-// variable names are public interface (SPEC §7); desc feeds --help. Two
-// more tags are read by loadConfig and configWarnings: enum lists the
-// values a variable (or each element of a list) may take, matched
-// case-insensitively and stored as spelled in the tag; only names the
-// setting (VAR=value, or VAR=element for a list; VAR=a|b for either)
-// without which the variable is ignored, so that setting it anyway draws a
-// warning.
+// variable names are public interface (README, "Configuration"); desc
+// feeds --help. More tags are read by loadConfig and configWarnings:
+//   - enum lists the values of a setting idemproxy's command owns (a
+//     variable, or each element of a list), matched case-insensitively
+//     and stored as spelled in the tag; fold:"lower" (or "upper") spells
+//     in that case the value of a setting a library checks, which names
+//     the choices itself;
+//   - lib names the library settings (Struct.Field) a variable sets, so
+//     that a library's *idemproxy.ConfigError is told in variable names:
+//     each rule is checked once, by the library that owns it;
+//   - zero says what 0 means for a number or duration that may be 0; any
+//     other is refused at 0 or less (libraries read 0 as "the default");
+//   - only names the setting (VAR=value, or VAR=element for a list;
+//     VAR=a|b for either) without which the variable is ignored, so that
+//     setting it anyway draws a warning.
 type Config struct {
 	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
-	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
+	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" lib:"proxy.Config.Upstream" desc:"the service to protect (required; the demo command supplies its own)"`
 	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres,redis" desc:"memory, postgres or redis"`
-	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" desc:"libpq URL, required for the postgres store"`
-	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" enum:"noop,strict,replay" desc:"answer to a retried key: noop, strict or replay"`
+	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.URL" desc:"libpq URL, required for the postgres store"`
+	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" fold:"lower" lib:"proxy.IdempotencyConfig.Mode" desc:"answer to a retried key: noop, strict or replay"`
 
-	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
+	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" lib:"proxy.IdempotencyConfig.SuccessStatus" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"apply the Postgres migrations at start (postgres store)"`
-	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" desc:"largest Postgres connection pool"`
-	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxConns" desc:"largest Postgres connection pool"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"how often expired Postgres rows are purged"`
-	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
 
-	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
 	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" only:"IDEMPROXY_STORE=redis" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
-	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" desc:"largest Redis connection pool per Redis node"`
-	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.PoolSize" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" zero:"none" lib:"store.RedisOptions.WaitReplicas" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
 	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" only:"IDEMPROXY_STORE=redis" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
-	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," enum:"header,jwt" desc:"ordered list of header, jwt"`
-	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
-	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWT claim carrying the tenant UUID"`
-	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"shared secret for HS256 tokens"`
-	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
-	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"JWKS refresh interval"`
-	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"PEM public key file for RS256/ES256 tokens"`
-	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"required iss, when set"`
-	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" desc:"required aud, when set"`
+	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," fold:"lower" lib:"tenancy.Config.Sources" desc:"ordered list of header, jwt"`
+	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" lib:"tenancy.Config.Header" desc:"header carrying the tenant UUID"`
+	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Claim" desc:"JWT claim carrying the tenant UUID"`
+	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.HS256Secret" desc:"shared secret for HS256 tokens"`
+	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.JWKSURL" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
+	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.JWKSRefresh" desc:"JWKS refresh interval"`
+	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.PublicKey" desc:"PEM public key file for RS256/ES256 tokens"`
+	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Issuer" desc:"required iss, when set"`
+	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Audience" desc:"required aud, when set"`
 
-	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
-	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT"`
-	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"bound on a keyed command and on waiting for response headers"`
-	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
-	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," enum:"POST,PUT,PATCH,DELETE" desc:"methods that must carry a key (e.g. POST,PUT)"`
-	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
-	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
-	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
-	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" desc:"largest response body kept for mode replay"`
-	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" desc:"bound on locks plus records in the memory store"`
-	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
-	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
+	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"proxy.IdempotencyConfig.KeyTTL" desc:"how long a record replays"`
+	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"proxy.IdempotencyConfig.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
+	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
+	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"proxy.IdempotencyConfig.StoreTimeout,store.PostgresOptions.OpTimeout,store.RedisOptions.OpTimeout" desc:"bound on each store operation"`
+	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"proxy.IdempotencyConfig.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
+	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"proxy.IdempotencyConfig.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
+	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"proxy.IdempotencyConfig.MaxBufferedBytes" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
+	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" lib:"proxy.IdempotencyConfig.ReplayMaxBytes" desc:"largest response body kept for mode replay"`
+	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.MaxEntries" desc:"bound on locks plus records in the memory store"`
+	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.MaxBytes" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
+	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.TenantMaxEntries" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
-	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
+	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" zero:"none" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
 	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" enum:"debug,info,warn,error" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
@@ -131,20 +140,24 @@ func environMap(environ []string) map[string]string {
 }
 
 // normalise spells an enumerated value (each element of a list) as its
-// enum tag does, when it matches one case-insensitively, and lower-cases a
-// boolean, so that TRUE and True parse.
+// enum tag does, when it matches one case-insensitively, lower-cases a
+// value tagged fold:"lower", and lower-cases a boolean, so that TRUE and
+// True parse.
 func normalise(f reflect.StructField, v string) string {
-	if f.Type.Kind() == reflect.Bool {
-		return strings.ToLower(strings.TrimSpace(v))
+	switch {
+	case f.Type.Kind() == reflect.Bool || f.Tag.Get("fold") == "lower":
+		v = strings.ToLower(v)
+	case f.Tag.Get("fold") == "upper":
+		v = strings.ToUpper(v)
 	}
 	enum := f.Tag.Get("enum")
-	if enum == "" {
+	if enum == "" && f.Tag.Get("fold") == "" {
 		return v
 	}
 	canon := func(s string) string {
 		s = strings.TrimSpace(s)
 		for _, want := range strings.Split(enum, ",") {
-			if strings.EqualFold(s, want) {
+			if enum != "" && strings.EqualFold(s, want) {
 				return want
 			}
 		}
@@ -320,6 +333,9 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+// validate checks what the command owns (listeners, which store, numbers
+// that must be positive) and has each library check its own settings,
+// told in variable names.
 func (c Config) validate() error {
 	var errs []error
 	bad := func(name, format string, args ...any) {
@@ -333,128 +349,120 @@ func (c Config) validate() error {
 	if _, port, _ := net.SplitHostPort(c.ListenAddr); c.ListenAddr == c.AdminAddr && port != "0" {
 		bad("IDEMPROXY_ADMIN_ADDR", "must differ from IDEMPROXY_LISTEN_ADDR: the admin listener is separate")
 	}
-	if c.UpstreamURL == "" {
-		bad("IDEMPROXY_UPSTREAM_URL", "is required (the URL of the service to protect)")
-	} else if u, err := url.Parse(c.UpstreamURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad("IDEMPROXY_UPSTREAM_URL", "must be an absolute http or https URL, got %q", c.UpstreamURL)
+	errs = append(errs, checkPositive(c))
+	if c.DBMaxConns > 10000 {
+		bad("IDEMPROXY_DB_MAX_CONNS", "must be at most 10000, got %d", c.DBMaxConns)
 	}
-	if c.Store == "postgres" {
-		if c.DatabaseURL == "" {
-			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
-		} else if err := store.CheckURL(c.DatabaseURL); err != nil {
-			bad("IDEMPROXY_DATABASE_URL", "%v", err)
-		}
+	if c.RedisPoolSize > 10000 {
+		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be at most 10000, got %d", c.RedisPoolSize)
 	}
-	if c.Store == "redis" && c.RedisURL == "" {
-		bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
-	}
-	seen := map[string]bool{}
-	for _, s := range c.TenantSource {
-		if seen[s] {
-			bad("IDEMPROXY_TENANT_SOURCE", "lists %q twice", s)
-		}
-		seen[s] = true
-	}
-	if len(c.TenantSource) == 0 {
-		bad("IDEMPROXY_TENANT_SOURCE", "must list header and/or jwt")
-	}
-	if seen[string(tenancy.SourceJWT)] && c.JWTSecret == "" && c.JWKSURL == "" && c.JWTPublicKey == "" {
-		bad("IDEMPROXY_TENANT_SOURCE", "includes jwt, so set IDEMPROXY_JWT_HS256_SECRET, IDEMPROXY_JWT_JWKS_URL or IDEMPROXY_JWT_PUBLIC_KEY_FILE")
-	}
-	if c.JWKSURL != "" && c.JWTPublicKey != "" {
-		bad("IDEMPROXY_JWT_JWKS_URL", "and IDEMPROXY_JWT_PUBLIC_KEY_FILE are exclusive: set one")
-	}
-	if c.JWKSURL != "" {
-		if u, err := url.Parse(c.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("IDEMPROXY_JWT_JWKS_URL", "must be an absolute http or https URL")
-		}
-	}
-	if c.JWTSecret != "" && len(c.JWTSecret) < 32 {
-		bad("IDEMPROXY_JWT_HS256_SECRET", "must be at least 32 bytes long (it is %d)", len(c.JWTSecret))
-	}
-	if c.TenantHeader == "" || strings.ContainsAny(c.TenantHeader, " \t:") {
-		bad("IDEMPROXY_TENANT_HEADER", "must be a header name, got %q", c.TenantHeader)
-	}
-	positive := map[string]time.Duration{
-		"IDEMPROXY_KEY_TTL": c.KeyTTL, "IDEMPROXY_LOCK_TIMEOUT": c.LockTimeout,
-		"IDEMPROXY_UPSTREAM_TIMEOUT": c.UpstreamTimeout, "IDEMPROXY_STORE_TIMEOUT": c.StoreTimeout,
-		"IDEMPROXY_READ_HEADER_TIMEOUT": c.ReadHeaderTimeout, "IDEMPROXY_JWT_JWKS_REFRESH": c.JWKSRefresh,
-		"IDEMPROXY_BODY_TIMEOUT": c.BodyTimeout,
-	}
-	for name, d := range positive {
-		if d <= 0 {
-			bad(name, "must be a positive duration, got %s", d)
-		}
-	}
-	if c.LockTimeout <= c.UpstreamTimeout {
-		bad("IDEMPROXY_LOCK_TIMEOUT", "must exceed IDEMPROXY_UPSTREAM_TIMEOUT (%s <= %s): a lock must outlive the command it guards",
-			c.LockTimeout, c.UpstreamTimeout)
-	} else if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
-		bad("IDEMPROXY_LOCK_TIMEOUT", "must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT (%s <= %s): a command must be able to record itself within its lease",
-			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
-	}
-	if c.MaxBodyBytes <= 0 {
-		bad("IDEMPROXY_MAX_BODY_BYTES", "must be positive, got %d", c.MaxBodyBytes)
-	}
-	if c.MaxBuffered < c.MaxBodyBytes {
-		bad("IDEMPROXY_MAX_BUFFERED_BYTES", "must be at least IDEMPROXY_MAX_BODY_BYTES (%d < %d): one largest body must fit", c.MaxBuffered, c.MaxBodyBytes)
-	}
-	if _, err := proxy.ParseStatusSet(c.SuccessStatus); err != nil {
-		bad("IDEMPROXY_SUCCESS_STATUS", "%v", err)
-	}
-	if c.ReplayMaxBytes <= 0 {
-		bad("IDEMPROXY_REPLAY_MAX_BYTES", "must be positive, got %d", c.ReplayMaxBytes)
-	}
-	if c.MemoryMaxKeys <= 0 {
-		bad("IDEMPROXY_MEMORY_MAX_ENTRIES", "must be positive, got %d", c.MemoryMaxKeys)
-	}
-	if c.MemoryMaxBytes < 1<<20 {
-		bad("IDEMPROXY_MEMORY_MAX_BYTES", "must be at least 1048576 (1 MiB), got %d", c.MemoryMaxBytes)
-	}
-	if c.MemoryTenantMax <= 0 {
-		bad("IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES", "must be positive, got %d", c.MemoryTenantMax)
-	}
-	if c.DBMaxConns < 1 || c.DBMaxConns > 10000 {
-		bad("IDEMPROXY_DB_MAX_CONNS", "must be between 1 and 10000, got %d", c.DBMaxConns)
-	}
-	if c.RedisPoolSize < 1 || c.RedisPoolSize > 10000 {
-		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be between 1 and 10000, got %d", c.RedisPoolSize)
-	}
-	if c.RedisWaitReplicas < 0 {
-		bad("IDEMPROXY_REDIS_WAIT_REPLICAS", "must not be negative, got %d", c.RedisWaitReplicas)
-	}
-	if c.DBStatementTimeout < time.Millisecond {
-		bad("IDEMPROXY_DB_STATEMENT_TIMEOUT", "must be at least 1ms, got %s", c.DBStatementTimeout)
-	}
-	if c.PurgeInterval <= 0 {
-		bad("IDEMPROXY_PURGE_INTERVAL", "must be a positive duration, got %s", c.PurgeInterval)
-	}
-	if c.PurgeBatch < 1 || c.PurgeBatch > 100000 {
-		bad("IDEMPROXY_PURGE_BATCH", "must be between 1 and 100000, got %d", c.PurgeBatch)
-	}
-	if c.RecordCacheEntries < 0 {
-		bad("IDEMPROXY_RECORD_CACHE_ENTRIES", "must be 0 (off) or positive, got %d", c.RecordCacheEntries)
-	}
-	if c.RecordCacheTTL <= 0 {
-		bad("IDEMPROXY_RECORD_CACHE_TTL", "must be a positive duration, got %s", c.RecordCacheTTL)
-	}
-	if c.ShutdownDelay < 0 {
-		bad("IDEMPROXY_SHUTDOWN_DELAY", "must not be negative, got %s", c.ShutdownDelay)
+	if c.PurgeBatch > 100000 {
+		bad("IDEMPROXY_PURGE_BATCH", "must be at most 100000, got %d", c.PurgeBatch)
 	}
 	if c.MaxHeaderBytes < 4096 {
 		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)
 	}
+
+	pc, err := c.proxyConfig(nil, nil, nil)
+	errs = append(errs, err, explain(pc.Validate()))
+	tc, err := c.tenancyConfig(nil)
+	errs = append(errs, err, explain(tc.Validate()))
+	switch c.Store {
+	case "memory":
+		errs = append(errs, explain(c.memoryOptions().Validate()))
+	case "postgres":
+		if c.DatabaseURL == "" {
+			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
+		} else {
+			errs = append(errs, explain(c.postgresOptions(nil).Validate()))
+		}
+	case "redis":
+		if c.RedisURL == "" {
+			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
+		} else {
+			errs = append(errs, explain(c.redisOptions(nil).Validate()))
+		}
+	}
 	return errors.Join(errs...)
 }
 
-// drainBudget is the longest a graceful shutdown takes: the delay, then a
-// request that just started may take the body timeout to send its body,
-// the whole upstream timeout, its claim and up to four record-write
-// attempts (each bounded by the store timeout), and the backoff between
-// them. An orchestrator's grace period (terminationGracePeriodSeconds)
-// must cover it.
+// checkPositive refuses a number or duration at 0 or less, or below 0
+// where its zero tag says what 0 means.
+func checkPositive(c Config) error {
+	var errs []error
+	v := reflect.ValueOf(c)
+	for i, f := range configVars() {
+		var n float64
+		switch x := v.Field(i).Interface().(type) {
+		case time.Duration:
+			n = float64(x)
+		case int, int32, int64:
+			n = float64(v.Field(i).Int())
+		default:
+			continue
+		}
+		name, zeroOK := f.Tag.Get("env"), f.Tag.Get("zero") != ""
+		kind := "positive"
+		if f.Type == reflect.TypeFor[time.Duration]() {
+			kind = "a positive duration"
+		}
+		switch {
+		case n < 0 && zeroOK:
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %v", name, v.Field(i).Interface()))
+		case n <= 0 && !zeroOK:
+			errs = append(errs, fmt.Errorf("%s must be %s, got %v", name, kind, v.Field(i).Interface()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// libVars maps each library setting (Struct.Field) to the variable that
+// sets it, from the lib tags.
+var libVars = func() map[string]string {
+	m := map[string]string{}
+	for _, f := range configVars() {
+		for _, lib := range strings.Split(f.Tag.Get("lib"), ",") {
+			if lib != "" {
+				m[lib] = f.Tag.Get("env")
+			}
+		}
+	}
+	return m
+}()
+
+// explain tells a library's configuration errors in variable names; an
+// error that is not an *idemproxy.ConfigError is kept as it is.
+func explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range joined.Unwrap() {
+			errs = append(errs, explain(e))
+		}
+		return errors.Join(errs...)
+	}
+	var ce *idemproxy.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	return errors.New(ce.Explain(func(field string) string {
+		if name, ok := libVars[ce.Struct+"."+field]; ok {
+			return name
+		}
+		return ce.Struct + "." + field
+	}))
+}
+
+// drainBudget is the longest a graceful shutdown takes: the delay, then
+// the longest a request that just started may take to send its body, run
+// and record (proxy.IdempotencyConfig.DrainBudget), and 5s for the
+// listeners to close. An orchestrator's grace period
+// (terminationGracePeriodSeconds) must cover it.
 func (c Config) drainBudget() time.Duration {
-	return c.ShutdownDelay + c.BodyTimeout + c.UpstreamTimeout + 5*c.StoreTimeout + 5*time.Second
+	pc, _ := c.proxyConfig(nil, nil, nil)
+	return c.ShutdownDelay + pc.DrainBudget() + 5*time.Second
 }
 
 // logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of its enum tag's
@@ -465,7 +473,63 @@ func logLevel(s string) slog.Level {
 	return l
 }
 
-// tenancyConfig turns the JWT settings into a tenancy.Config.
+// proxyConfig is the proxy's configuration with the given collaborators
+// (nil while the configuration is only being checked). Its error is about
+// a value the command had to convert (the upstream URL, the success
+// statuses).
+func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log *slog.Logger) (proxy.Config, error) {
+	var errs []error
+	pc := proxy.Config{
+		Tenancy: resolver,
+		IdempotencyConfig: proxy.IdempotencyConfig{
+			Store:            st,
+			Mode:             proxy.Mode(c.Mode),
+			KeyTTL:           c.KeyTTL,
+			LockTimeout:      c.LockTimeout,
+			UpstreamTimeout:  c.UpstreamTimeout,
+			StoreTimeout:     c.StoreTimeout,
+			RequireKey:       c.RequireKey,
+			MaxBodyBytes:     c.MaxBodyBytes,
+			BodyTimeout:      c.BodyTimeout,
+			MaxBufferedBytes: c.MaxBuffered,
+			ReplayMaxBytes:   c.ReplayMaxBytes,
+			Logger:           log,
+		},
+	}
+	if c.UpstreamURL != "" {
+		u, err := url.Parse(c.UpstreamURL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("IDEMPROXY_UPSTREAM_URL must be an absolute http or https URL, got %q", c.UpstreamURL))
+		} else {
+			pc.Upstream = u
+		}
+	}
+	success, err := proxy.ParseStatusSet(c.SuccessStatus)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("IDEMPROXY_SUCCESS_STATUS %v", err))
+	}
+	pc.SuccessStatus = success
+	return pc, errors.Join(errs...)
+}
+
+// memoryOptions is the memory store's configuration.
+func (c Config) memoryOptions() store.MemoryOptions {
+	return store.MemoryOptions{MaxEntries: c.MemoryMaxKeys, MaxBytes: c.MemoryMaxBytes, TenantMaxEntries: c.MemoryTenantMax}
+}
+
+// postgresOptions is the Postgres store's configuration.
+func (c Config) postgresOptions(log *slog.Logger) store.PostgresOptions {
+	return store.PostgresOptions{
+		URL:              c.DatabaseURL,
+		MaxConns:         c.DBMaxConns,
+		StatementTimeout: c.DBStatementTimeout,
+		OpTimeout:        c.StoreTimeout,
+		Logger:           log,
+	}
+}
+
+// tenancyConfig is the resolver's configuration; it reads the public key
+// file. Its error is about that file.
 func (c Config) tenancyConfig(log *slog.Logger) (tenancy.Config, error) {
 	tc := tenancy.Config{
 		Header:      c.TenantHeader,

@@ -6,6 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // withVars returns base with set added.
@@ -60,7 +63,7 @@ func TestConfigErrorsInUsersWords(t *testing.T) {
 		{map[string]string{"IDEMPROXY_KEY_TTL": "a day"}, `IDEMPROXY_KEY_TTL must be a duration such as 30s, 500ms, 5m or 1h30m, got "a day"`},
 		{map[string]string{"IDEMPROXY_MIGRATE": "perhaps"}, `IDEMPROXY_MIGRATE must be true or false, got "perhaps"`},
 		{map[string]string{"IDEMPROXY_MAX_BODY_BYTES": "10MiB"}, `IDEMPROXY_MAX_BODY_BYTES must be a whole number, got "10MiB"`},
-		{map[string]string{"IDEMPROXY_MODE": "Loose"}, `IDEMPROXY_MODE must be noop, strict or replay, got "Loose"`},
+		{map[string]string{"IDEMPROXY_MODE": "Loose"}, `IDEMPROXY_MODE must be noop, strict or replay, got "loose"`},
 		{withVars(postgres, map[string]string{"IDEMPROXY_DATABASE_URL": "mysql://app:s3cret@db:3306/app"}),
 			"IDEMPROXY_DATABASE_URL unsupported scheme mysql; want postgres://"},
 		{withVars(postgres, map[string]string{"IDEMPROXY_DATABASE_URL": "postgres://app:p@s3cret@db/app"}),
@@ -144,9 +147,22 @@ func TestConfigNoWarningForUsedVariables(t *testing.T) {
 }
 
 // TestConfigTags: every only tag names a variable of Config and values
-// its enum tag allows, and every enum tag lists distinct values.
+// its enum tag (or, for a folded variable, its library) allows; every
+// enum tag lists distinct values; every lib tag names a setting once.
 func TestConfigTags(t *testing.T) {
-	enums := map[string][]string{}
+	enums := map[string][]string{
+		"IDEMPROXY_MODE":          {string(proxy.ModeNoop), string(proxy.ModeStrict), string(proxy.ModeReplay)},
+		"IDEMPROXY_TENANT_SOURCE": {string(tenancy.SourceHeader), string(tenancy.SourceJWT)},
+	}
+	libs := map[string]string{}
+	for _, f := range configVars() {
+		for _, lib := range strings.Split(f.Tag.Get("lib"), ",") {
+			if prev, dup := libs[lib]; lib != "" && dup {
+				t.Errorf("%s and %s both set %s", prev, f.Tag.Get("env"), lib)
+			}
+			libs[lib] = f.Tag.Get("env")
+		}
+	}
 	for _, f := range configVars() {
 		if enum := f.Tag.Get("enum"); enum != "" {
 			values := strings.Split(enum, ",")

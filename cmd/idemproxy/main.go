@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -137,26 +136,23 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 // commands finish and record before the store is closed.
 func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	log := newLogger(cfg, stdout)
-
 	st, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-
-	tc, err := cfg.tenancyConfig(log)
-	if err != nil {
-		return fmt.Errorf("configuration: %w", err)
-	}
 	// The JWKS refresher lives as long as the process, past ctx's end,
 	// so that draining requests can still verify tokens.
 	tenancyCtx, stopTenancy := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopTenancy()
-	resolver, err := tenancy.New(tenancyCtx, tc)
+	tc, err := cfg.tenancyConfig(log)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
-
+	resolver, err := tenancy.New(tenancyCtx, tc)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", explain(err))
+	}
 	tp, stopTracing, err := newTracerProvider(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("IDEMPROXY_OTEL_ENABLED: %w", err)
@@ -166,7 +162,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if c, ok := st.(prometheus.Collector); ok {
-		reg.MustRegister(c) // the Postgres store's idemproxy_purged_rows_total
+		reg.MustRegister(c) // a store's own metrics (Postgres: idemproxy_purged_rows_total)
 	}
 	metrics := proxy.NewMetrics(reg)
 	if st.Capabilities().Shared {
@@ -175,34 +171,20 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
 		})
 	}
-	upstream, _ := url.Parse(cfg.UpstreamURL)
-	success, _ := proxy.ParseStatusSet(cfg.SuccessStatus) // validated by loadConfig
-	p, err := proxy.New(proxy.Config{
-		Upstream:        upstream,
-		Store:           st,
-		Tenancy:         resolver,
-		Mode:            proxy.Mode(cfg.Mode),
-		KeyTTL:          cfg.KeyTTL,
-		LockTimeout:     cfg.LockTimeout,
-		UpstreamTimeout: cfg.UpstreamTimeout,
-		RequireKey:      cfg.RequireKey,
-		MaxBodyBytes:    cfg.MaxBodyBytes,
-		ReplayMaxBytes:  cfg.ReplayMaxBytes,
-		Metrics:         metrics,
-		Logger:          log,
-		TracerProvider:  tp,
-
-		BodyTimeout:      cfg.BodyTimeout,
-		MaxBufferedBytes: cfg.MaxBuffered,
-		SuccessStatus:    success,
-	})
+	pc, _ := cfg.proxyConfig(st, resolver, log) // its conversions were checked by loadConfig
+	pc.Metrics, pc.TracerProvider = metrics, tp
+	p, err := proxy.New(pc)
 	if err != nil {
-		return fmt.Errorf("configuration: %w", err)
+		return fmt.Errorf("configuration: %w", explain(err))
 	}
+	defer p.Close()
 	var draining atomic.Bool
-	admin := proxy.NewAdmin(proxy.AdminConfig{
+	admin, err := proxy.NewAdmin(proxy.AdminConfig{
 		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log,
 	})
+	if err != nil {
+		return err
+	}
 
 	proxyLn, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
@@ -213,26 +195,14 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		proxyLn.Close()
 		return fmt.Errorf("IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
-	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	proxySrv := &http.Server{
-		Handler:           p,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          errLog,
-	}
-	adminSrv := &http.Server{
-		Handler:           admin,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          errLog,
-	}
+	proxySrv, adminSrv := cfg.server(p, log), cfg.server(admin, log)
+	proxySrv.IdleTimeout = 120 * time.Second
 	errc := make(chan error, 2)
 	go func() { errc <- proxySrv.Serve(proxyLn) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"upstream", upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
+		"upstream", pc.Upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
 
 	select {
 	case <-ctx.Done():
@@ -248,16 +218,21 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	time.Sleep(cfg.ShutdownDelay)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.drainBudget()-cfg.ShutdownDelay)
 	defer cancel()
-	err = proxySrv.Shutdown(sctx)
-	if aerr := adminSrv.Shutdown(sctx); err == nil {
-		err = aerr
-	}
-	p.Close()
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := errors.Join(proxySrv.Shutdown(sctx), adminSrv.Shutdown(sctx)); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// server is an HTTP server for h with the listener bounds of cfg.
+func (c Config) server(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: c.ReadHeaderTimeout,
+		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 }
 
 // warnReplayWithHeaderTenant warns when replay mode hands stored responses
@@ -279,9 +254,7 @@ func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
 func openStore(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
-		m := store.NewMemory(store.MemoryOptions{
-			MaxEntries: cfg.MemoryMaxKeys, MaxBytes: cfg.MemoryMaxBytes, TenantMaxEntries: cfg.MemoryTenantMax,
-		})
+		m := store.NewMemory(cfg.memoryOptions())
 		return m, func() { m.Close() }, nil
 	case "postgres":
 		return openPostgres(ctx, cfg, log)

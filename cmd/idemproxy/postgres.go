@@ -57,15 +57,9 @@ func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
 // prometheus.Collector of idemproxy_purged_rows_total; the close function
 // stops the background work and closes the pool.
 func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
-		URL:              cfg.DatabaseURL,
-		MaxConns:         cfg.DBMaxConns,
-		StatementTimeout: cfg.DBStatementTimeout,
-		OpTimeout:        cfg.StoreTimeout,
-		Logger:           log,
-	})
+	pg, err := store.NewPostgres(ctx, cfg.postgresOptions(log))
 	if err != nil {
-		return nil, nil, fmt.Errorf("IDEMPROXY_DATABASE_URL: %w", err)
+		return nil, nil, fmt.Errorf("configuration: %w", explain(err))
 	}
 	s := &pgStore{
 		Postgres: pg,

@@ -58,17 +58,9 @@ func (s *redisStore) Ping(ctx context.Context) error {
 // /readyz is not ready until it passes. The close function stops the
 // background check and closes the connections.
 func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
-	r, err := store.NewRedis(store.RedisOptions{
-		URL:          cfg.RedisURL,
-		Cluster:      cfg.RedisCluster,
-		OpTimeout:    cfg.StoreTimeout,
-		PoolSize:     cfg.RedisPoolSize,
-		WaitReplicas: cfg.RedisWaitReplicas,
-		AutoPipeline: cfg.RedisAutoPipeline,
-		Logger:       log,
-	})
+	r, err := store.NewRedis(cfg.redisOptions(log))
 	if err != nil {
-		return nil, nil, fmt.Errorf("IDEMPROXY_REDIS_URL: %w", err)
+		return nil, nil, explain(err)
 	}
 	s := &redisStore{Redis: r}
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -116,5 +108,18 @@ func (s *redisStore) checkLater(ctx context.Context, log *slog.Logger) {
 		s.pending.Store(&err)
 		log.Error("redis check still failing; retrying", "error", err, "retry_in", wait.String())
 		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// redisOptions is the Redis store's configuration.
+func (c Config) redisOptions(log *slog.Logger) store.RedisOptions {
+	return store.RedisOptions{
+		URL:          c.RedisURL,
+		Cluster:      c.RedisCluster,
+		OpTimeout:    c.StoreTimeout,
+		PoolSize:     c.RedisPoolSize,
+		WaitReplicas: c.RedisWaitReplicas,
+		AutoPipeline: c.RedisAutoPipeline,
+		Logger:       log,
 	}
 }

@@ -33,13 +33,16 @@ func TestRedisConfig(t *testing.T) {
 		"IDEMPROXY_REDIS_POOL_SIZE":     "0",
 		"IDEMPROXY_REDIS_WAIT_REPLICAS": "-1",
 		"IDEMPROXY_REDIS_AUTOPIPELINE":  "sometimes",
+		"IDEMPROXY_REDIS_URL":           "mysql://app:hunter2@db/0",
 	} {
-		env := map[string]string{name: value, "IDEMPROXY_STORE": "redis", "IDEMPROXY_REDIS_URL": "redis://127.0.0.1:1/0"}
+		env := map[string]string{"IDEMPROXY_STORE": "redis", "IDEMPROXY_REDIS_URL": "redis://127.0.0.1:1/0"}
 		for k, v := range base {
 			env[k] = v
 		}
-		if _, err := loadConfig(mapEnv(env)); err == nil || !strings.Contains(err.Error(), name) {
-			t.Errorf("%s=%s: got %v, want an error naming the variable", name, value, err)
+		env[name] = value
+		_, err := loadConfig(mapEnv(env))
+		if err == nil || !strings.Contains(err.Error(), name) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%s=%s: got %v, want an error naming the variable, without the password", name, value, err)
 		}
 	}
 }
