@@ -16,9 +16,9 @@ import (
 // List returns one page of tenant's live locks and records, newest first,
 // as idemproxy.Store.List describes. It finds the tenant's keys with SCAN
 // MATCH on the server, or on every master of a cluster, and reads each with
-// the lookup script (pipelined, judged by Redis's clock), so its cost
-// grows with the tenant's number of keys, page after page: it is meant for
-// the admin API, not the request path.
+// the lookup script (pipelined, judged by Redis's clock). SCAN walks each
+// master's whole key space, so every page costs that: it is meant for the
+// admin API, not the request path.
 func (r *Redis) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
 	limit := opts.PageLimit()
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
