@@ -28,6 +28,12 @@ const (
 	targetBare     = "bare"
 	targetMemory   = "idemproxy-memory"
 	targetPostgres = "idemproxy-postgres"
+	// targetRedis is idemproxy on the Redis store with the record cache,
+	// as cmd/idemproxy runs it; targetRedisNoCache the same without the
+	// cache, so that every replay is a Redis round trip. Only with
+	// -redis-url.
+	targetRedis        = "idemproxy-redis"
+	targetRedisNoCache = "idemproxy-redis-nocache"
 	// targetStorePostgres is the Postgres store called directly, without
 	// HTTP, next to pgbench; it is not one of the -targets.
 	targetStorePostgres = "store-postgres"
@@ -42,7 +48,7 @@ const (
 )
 
 var (
-	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres}
+	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres, targetRedis, targetRedisNoCache}
 	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
 )
 
@@ -68,6 +74,11 @@ type options struct {
 	DBMaxConns     int32
 	PgBench        string
 	PgBenchThreads int
+
+	RedisURL      string
+	RedisCluster  bool
+	RedisPoolSize int
+	RedisPipeline bool
 
 	MemoryMaxEntries int
 	MemoryRecords    int
@@ -104,6 +115,9 @@ func (o options) validate() error {
 	if slices.Contains(o.Targets, targetPostgres) && o.DatabaseURL == "" {
 		return errors.New("target idemproxy-postgres needs -database-url")
 	}
+	if (slices.Contains(o.Targets, targetRedis) || slices.Contains(o.Targets, targetRedisNoCache)) && o.RedisURL == "" {
+		return errors.New("targets idemproxy-redis and idemproxy-redis-nocache need -redis-url")
+	}
 	return nil
 }
 
@@ -128,8 +142,8 @@ type measurement struct {
 	// the run, the priming request included.
 	UpstreamCalls int64 `json:"upstream_calls"`
 	// CPUUsPerReq is this process's CPU time (load generator, upstream
-	// and target together; a Postgres server's is not included) per
-	// request, in microseconds. Other processes on the machine do not
+	// and target together; a Postgres server's is not included, a Redis
+	// server's is) per request, in microseconds. Other processes on the machine do not
 	// change it the way they change req/s.
 	CPUUsPerReq float64 `json:"cpu_us_per_req"`
 }
@@ -269,7 +283,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 	defer stop()
 
 	latencies := make([]time.Duration, 0, 1<<16)
-	cpuStart := processCPU()
+	cpuStart := processCPU() + t.storeCPU()
 	start := time.Now()
 	// The load generator's goroutines carry part=loadgen in a CPU profile.
 	pprof.Do(ctx, pprof.Labels("part", "loadgen"), func(context.Context) {
@@ -285,7 +299,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 		}
 	})
 	elapsed := time.Since(start)
-	cpu := processCPU() - cpuStart
+	cpu := processCPU() + t.storeCPU() - cpuStart
 	if err := ctx.Err(); err != nil {
 		return m, err
 	}

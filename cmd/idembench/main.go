@@ -114,6 +114,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.IntVar(&o.GroupSize, "group", 8, "racing duplicates: requests sharing one key")
 	fs.StringVar(&o.DatabaseURL, "database-url", getenv("IDEMPROXY_BENCH_DATABASE_URL"),
 		"Postgres URL; adds the idemproxy-postgres target and pgbench (env IDEMPROXY_BENCH_DATABASE_URL)")
+	fs.StringVar(&o.RedisURL, "redis-url", getenv("IDEMPROXY_BENCH_REDIS_URL"),
+		"Redis URL; adds the idemproxy-redis targets (env IDEMPROXY_BENCH_REDIS_URL). Keys go under a prefix of the run's own, deleted at the end")
+	fs.BoolVar(&o.RedisCluster, "redis-cluster", false, "read -redis-url as a Redis Cluster URL (IDEMPROXY_REDIS_CLUSTER)")
+	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", 20, "Redis pool size per node of the idemproxy-redis targets (IDEMPROXY_REDIS_POOL_SIZE default: 20)")
+	fs.BoolVar(&o.RedisPipeline, "redis-autopipeline", true, "autopipelining on the idemproxy-redis targets (IDEMPROXY_REDIS_AUTOPIPELINE default: true)")
 	var maxConns int
 	fs.IntVar(&maxConns, "db-max-conns", 20, "Postgres pool size of idemproxy-postgres (IDEMPROXY_DB_MAX_CONNS default: 20)")
 	fs.StringVar(&pgbench, "pgbench", "auto", "pgbench binary: auto (PATH, then /usr/lib/postgresql/*/bin), a path, or off")
@@ -141,6 +146,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	o.Scenarios = splitList(scenes)
 	if o.DatabaseURL == "" {
 		o.Targets = without(o.Targets, targetPostgres)
+	}
+	if o.RedisURL == "" {
+		o.Targets = without(without(o.Targets, targetRedis), targetRedisNoCache)
 	}
 	switch pgbench {
 	case "off", "":

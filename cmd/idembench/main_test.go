@@ -144,7 +144,7 @@ func checkMeasurement(t *testing.T, m measurement) {
 			t.Errorf("%s: %d responses with status %d", name, n, code)
 		}
 	}
-	idempotent := m.Target == targetMemory || m.Target == targetPostgres
+	idempotent := m.Target == targetMemory || m.Target == targetPostgres || m.Target == targetRedis || m.Target == targetRedisNoCache
 	var want int64
 	switch {
 	case m.Scenario == scenarioUnkeyed:

@@ -207,7 +207,7 @@ func (r *Report) summarise() {
 	}
 
 	// Added p99 of a keyed request over the bare proxy.
-	for _, t := range []string{targetMemory, targetPostgres} {
+	for _, t := range []string{targetMemory, targetPostgres, targetRedis, targetRedisNoCache} {
 		var diffs []float64
 		for _, m := range r.Measurements {
 			if m.Scenario != scenarioKeyed || m.Target != t {
@@ -299,6 +299,15 @@ func (r *Report) checks() []check {
 	}
 	if v, ok := ratio(scenarioReplay, targetPostgres); ok {
 		atLeast("replay storm, Postgres store vs bare unkeyed", v, 1.5)
+	}
+	if v, ok := ratio(scenarioKeyed, targetRedis); ok {
+		atLeast("keyed unique keys, Redis store vs bare (issue 15)", v, 0.7)
+	}
+	if v, ok := ratio(scenarioReplay, targetRedis); ok {
+		atLeast("replay storm, Redis store vs bare unkeyed (issue 15)", v, 1.5)
+	}
+	if v, ok := ratio(scenarioReplay, targetRedisNoCache); ok {
+		atLeast("replay storm, Redis store without record cache vs bare unkeyed", v, 1.5)
 	}
 	if r.PostgresToPgBench != nil {
 		atLeast("keyed unique keys, Postgres store vs pgbench claim+complete", *r.PostgresToPgBench, 0.8)
@@ -405,7 +414,7 @@ func loadAvg() string {
 // notes are the figures besides the table.
 func (r *Report) notes() []string {
 	var out []string
-	for _, t := range []string{targetMemory, targetPostgres} {
+	for _, t := range []string{targetMemory, targetPostgres, targetRedis, targetRedisNoCache} {
 		if v, ok := r.AddedP99Ms[t]; ok {
 			out = append(out, fmt.Sprintf("p99 added by a keyed request over bare (%s): %+.3f ms", t, v))
 		}

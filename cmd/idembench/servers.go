@@ -117,6 +117,9 @@ type target struct {
 	name   string
 	url    string
 	client *http.Client
+	// serverCPU, when set, reads the CPU time its store's server has used
+	// (Redis's INFO cpu), which a measurement adds to the process's own.
+	serverCPU func() time.Duration
 }
 
 // env is everything one benchmark run starts, and how to stop it.
@@ -135,6 +138,14 @@ func (e *env) close() {
 	for i := len(e.closes) - 1; i >= 0; i-- {
 		e.closes[i]()
 	}
+}
+
+// storeCPU is the CPU time t's store server has used, or zero.
+func (t *target) storeCPU() time.Duration {
+	if t.serverCPU == nil {
+		return 0
+	}
+	return t.serverCPU()
 }
 
 // newClient is a load client's HTTP client: keep-alive connections, one
@@ -218,6 +229,23 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
+		case targetRedis, targetRedisNoCache:
+			rd, serverCPU, closeRedis, err := openRedis(ctx, opts, progress)
+			if err != nil {
+				return nil, err
+			}
+			e.closes = append(e.closes, closeRedis)
+			var st idemproxy.Store = rd
+			if name == targetRedis {
+				st = proxy.CacheRecords(rd, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
+			}
+			s, err := serveIdemproxy(name, upURL, st, resolver, logger)
+			if err != nil {
+				return nil, err
+			}
+			e.closes = append(e.closes, s.close)
+			add(name, s.url)
+			e.targets[len(e.targets)-1].serverCPU = serverCPU
 		default:
 			return nil, fmt.Errorf("unknown target %q", name)
 		}

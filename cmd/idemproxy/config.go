@@ -37,14 +37,14 @@ import (
 //     each rule is checked once, by the library that owns it;
 //   - zero says what 0 means for a number or duration that may be 0; any
 //     other is refused at 0 or less (libraries read 0 as "the default");
-//   - only names the setting (VAR=value, or VAR=element for a list)
-//     without which the variable is ignored, so that setting it anyway
-//     draws a warning.
+//   - only names the setting (VAR=value, or VAR=element for a list;
+//     VAR=a|b for either) without which the variable is ignored, so that
+//     setting it anyway draws a warning.
 type Config struct {
 	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
 	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" lib:"proxy.Config.Upstream" desc:"the service to protect (required; the demo command supplies its own)"`
-	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres" desc:"memory or postgres"`
+	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres,redis" desc:"memory, postgres or redis"`
 	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.URL" desc:"libpq URL, required for the postgres store"`
 	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" fold:"lower" lib:"proxy.IdempotencyConfig.Mode" desc:"answer to a retried key: noop, strict or replay"`
 
@@ -54,9 +54,15 @@ type Config struct {
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxConns" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"how often expired Postgres rows are purged"`
-	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres round trip (0 disables)"`
-	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"longest a cached record is replayed without asking Postgres again"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
+	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
+
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" only:"IDEMPROXY_STORE=redis" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.PoolSize" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" zero:"none" lib:"store.RedisOptions.WaitReplicas" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
+	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" only:"IDEMPROXY_STORE=redis" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
 	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," fold:"lower" lib:"tenancy.Config.Sources" desc:"ordered list of header, jwt"`
 	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" lib:"tenancy.Config.Header" desc:"header carrying the tenant UUID"`
@@ -71,7 +77,7 @@ type Config struct {
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"proxy.IdempotencyConfig.KeyTTL" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"proxy.IdempotencyConfig.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
 	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
-	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"proxy.IdempotencyConfig.StoreTimeout,store.PostgresOptions.OpTimeout" desc:"bound on each store operation"`
+	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"proxy.IdempotencyConfig.StoreTimeout,store.PostgresOptions.OpTimeout,store.RedisOptions.OpTimeout" desc:"bound on each store operation"`
 	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"proxy.IdempotencyConfig.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"proxy.IdempotencyConfig.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
 	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
@@ -269,13 +275,15 @@ func configWarnings(environ []string, cfg Config) []string {
 		if cond == "" || set[name] == "" {
 			continue
 		}
-		onVar, want, _ := strings.Cut(cond, "=")
+		onVar, wants, _ := strings.Cut(cond, "=")
 		field := reflect.ValueOf(cfg).Field(fieldOf[onVar])
 		met := false
-		if list, ok := field.Interface().([]string); ok {
-			met = slices.Contains(list, want)
-		} else {
-			met = field.String() == want
+		for want := range strings.SplitSeq(wants, "|") {
+			if list, ok := field.Interface().([]string); ok {
+				met = met || slices.Contains(list, want)
+			} else {
+				met = met || field.String() == want
+			}
 		}
 		if !met {
 			warnings = append(warnings, fmt.Sprintf("%s is set but ignored: it applies only with %s (%s is %s)",
@@ -345,6 +353,9 @@ func (c Config) validate() error {
 	if c.DBMaxConns > 10000 {
 		bad("IDEMPROXY_DB_MAX_CONNS", "must be at most 10000, got %d", c.DBMaxConns)
 	}
+	if c.RedisPoolSize > 10000 {
+		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be at most 10000, got %d", c.RedisPoolSize)
+	}
 	if c.PurgeBatch > 100000 {
 		bad("IDEMPROXY_PURGE_BATCH", "must be at most 100000, got %d", c.PurgeBatch)
 	}
@@ -364,6 +375,12 @@ func (c Config) validate() error {
 			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
 		} else {
 			errs = append(errs, explain(c.postgresOptions(nil).Validate()))
+		}
+	case "redis":
+		if c.RedisURL == "" {
+			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
+		} else {
+			errs = append(errs, explain(c.redisOptions(nil).Validate()))
 		}
 	}
 	return errors.Join(errs...)

@@ -258,6 +258,8 @@ func openStore(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Sto
 		return m, func() { m.Close() }, nil
 	case "postgres":
 		return openPostgres(ctx, cfg, log)
+	case "redis":
+		return openRedis(ctx, cfg, log)
 	default:
 		return nil, nil, fmt.Errorf("IDEMPROXY_STORE=%s is not available in this build", cfg.Store)
 	}

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"context"
+	"io"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestBenchRedis adds the Redis targets, on a Redis of the test's own, and
+// checks that the run's keys are gone afterwards.
+func TestBenchRedis(t *testing.T) {
+	srv := redistest.StartServer(t)
+	opts := tinyOptions()
+	opts.Targets = []string{targetBare, targetMemory, targetRedis, targetRedisNoCache}
+	opts.RedisURL, opts.RedisPoolSize = srv.URL(), 4
+	opts.MemoryRecords, opts.FloodMaxEntries = 0, 0
+	rep, err := bench(t.Context(), opts, io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v", err)
+	}
+	checkReport(t, rep, opts)
+	for _, name := range []string{
+		"keyed unique keys, Redis store vs bare (issue 15)",
+		"replay storm, Redis store vs bare unkeyed (issue 15)",
+	} {
+		if !hasCheck(rep, name) {
+			t.Errorf("target %q not evaluated", name)
+		}
+	}
+	if n := srv.Client("").DBSize(context.Background()).Val(); n != 0 {
+		t.Errorf("%d keys left in Redis after the run", n)
+	}
+}

@@ -1,0 +1,311 @@
+// Package redistest gives tests real Redis servers: the shared one at
+// TEST_REDIS_URL (default redis://127.0.0.1:6379/0), and redis-server
+// processes a test starts itself on free loopback ports — one server it
+// may stop, pause, reconfigure or flush, or a three-master Redis Cluster.
+// Without Redis a test is skipped loudly on a developer's machine and
+// fails under CI=true: a missing Redis never passes as a skip in CI.
+//
+// It imports no idemproxy package, so the store package's own tests can
+// use it.
+package redistest
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultURL is the shared server used when TEST_REDIS_URL is unset.
+const DefaultURL = "redis://127.0.0.1:6379/0"
+
+// unavailable skips t, or fails it under CI=true.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("Redis is required under CI=true: %s", msg)
+	}
+	t.Skipf("SKIPPING: %s (under CI=true this is a failure)", msg)
+}
+
+// SharedURL returns the URL of the shared Redis at TEST_REDIS_URL when it
+// answers PING. Tests on it must keep to keys of their own (a fresh tenant
+// or prefix) and must not flush, reconfigure or stop it.
+func SharedURL(t testing.TB) string {
+	t.Helper()
+	u := cmp.Or(os.Getenv("TEST_REDIS_URL"), DefaultURL)
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatalf("TEST_REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		unavailable(t, "no Redis at TEST_REDIS_URL (default %s): %v", DefaultURL, err)
+	}
+	return u
+}
+
+// Prefix returns a key prefix no other test uses, ending in ':'.
+func Prefix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "idemproxy-test-" + hex.EncodeToString(b) + ":"
+}
+
+// Server is a redis-server process a test started on a loopback port. It
+// persists nothing (no RDB, no AOF) unless its arguments say otherwise.
+type Server struct {
+	t    testing.TB
+	args []string
+	dir  string
+	// Port is the server's port; it keeps it across Stop and Start.
+	Port int
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  bytes.Buffer
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port)) }
+
+// URL is the server's redis:// URL, database 0, no password.
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// StartServer starts redis-server with extra arguments (such as
+// "--requirepass", "secret") on a free port and waits until it answers.
+// It is stopped when the test ends.
+func StartServer(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return startServer(t, false, args)
+}
+
+func startServer(t testing.TB, clusterBus bool, args []string) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		unavailable(t, "redis-server not found: %v", err)
+	}
+	s := &Server{t: t, args: args, dir: t.TempDir()}
+	var err error
+	for range 5 {
+		if s.Port, err = freePort(clusterBus); err != nil {
+			continue
+		}
+		if err = s.start(); err == nil {
+			t.Cleanup(s.kill)
+			return s
+		}
+	}
+	t.Fatalf("redis-server did not start: %v\n%s", err, s.log.String())
+	return nil
+}
+
+// freePort returns a loopback port that is free, and whose cluster bus
+// port (port + 10000) is free too when bus is set.
+func freePort(bus bool) (int, error) {
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !bus {
+			return port, nil
+		}
+		if port+10000 > 65535 {
+			continue
+		}
+		busLn, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		if err != nil {
+			continue
+		}
+		busLn.Close()
+		return port, nil
+	}
+	return 0, errors.New("no free port pair found")
+}
+
+// start runs the process and polls PING until it answers or it exits.
+func (s *Server) start() error {
+	args := append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "",
+	}, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Stdout, cmd.Stderr = &s.log, &s.log
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited at start", s.Port)
+		default:
+		}
+		// A password or ACL the test set up makes PING fail with an
+		// authentication error, which still means the server is up.
+		conn, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+		if err == nil {
+			_, err = conn.Write([]byte("PING\r\n"))
+			buf := make([]byte, 64)
+			n := 0
+			if err == nil {
+				_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+				n, err = conn.Read(buf)
+			}
+			conn.Close()
+			if err == nil && n > 0 && !bytes.HasPrefix(buf[:n], []byte("-LOADING")) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			s.kill()
+			return fmt.Errorf("redis-server on port %d never answered: %v", s.Port, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (SIGKILL, as a crash) and waits for it to exit.
+func (s *Server) Stop() {
+	s.t.Helper()
+	s.kill()
+}
+
+func (s *Server) kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// Start starts a stopped server again on the same port.
+func (s *Server) Start() {
+	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatalf("restart: %v\n%s", err, s.log.String())
+	}
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open and nothing
+// answers, as with a server that hangs or a network that drops packets.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause: %v", err)
+	}
+}
+
+// Resume lets a paused server run again.
+func (s *Server) Resume() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("resume: %v", err)
+	}
+}
+
+// Client returns a client of the server, closed when the test ends. It
+// authenticates with the given password, if any, as user default.
+func (s *Server) Client(password string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: password})
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Do runs one command on the server on a connection of its own, failing
+// the test on an error.
+func (s *Server) Do(password string, args ...any) any {
+	s.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), Password: password, MaxRetries: -1})
+	defer c.Close()
+	v, err := c.Do(context.Background(), args...).Result()
+	if err != nil {
+		s.t.Fatalf("%v: %v", args, err)
+	}
+	return v
+}
+
+// Cluster is a Redis Cluster of three masters without replicas, on
+// loopback ports, started by a test.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// URL is the cluster URL go-redis's ParseClusterURL reads: the first node,
+// the others as addr= seed nodes.
+func (c *Cluster) URL() string {
+	u := "redis://" + c.Nodes[0].Addr()
+	for i, n := range c.Nodes[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + n.Addr()
+	}
+	return u
+}
+
+// StartCluster starts three cluster-enabled redis-servers, joins them with
+// redis-cli --cluster create and waits until every node reports
+// cluster_state:ok. It is stopped when the test ends.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		unavailable(t, "redis-cli not found: %v", err)
+	}
+	c := &Cluster{}
+	for range 3 {
+		c.Nodes = append(c.Nodes, startServer(t, true, []string{
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+		}))
+	}
+	args := []string{"--cluster", "create"}
+	for _, n := range c.Nodes {
+		args = append(args, n.Addr())
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range c.Nodes {
+		client := n.Client("")
+		for {
+			info, _ := client.ClusterInfo(ctx).Result()
+			if strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s never reported cluster_state:ok:\n%s", n.Addr(), info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return c
+}
