@@ -309,7 +309,9 @@ func TestRedisWaitReplicas(t *testing.T) {
 	replica.Stop()
 	for _, op := range []func() error{
 		func() error { _, err := r.Claim(t.Context(), storetest.NewClaim(c.Tenant, "order-2", "a")); return err },
-		func() error { return r.Complete(t.Context(), storetest.Completion(storetest.NewClaim(c.Tenant, "order-2", "a"), 201, nil)) },
+		func() error {
+			return r.Complete(t.Context(), storetest.Completion(storetest.NewClaim(c.Tenant, "order-2", "a"), 201, nil))
+		},
 	} {
 		if err := op(); !errors.Is(err, idemproxy.ErrUnavailable) || !strings.Contains(err.Error(), "acknowledged by 0 of the 1") {
 			t.Errorf("write without its replica: got %v, want ErrUnavailable naming the missing acknowledgement", err)
