@@ -1,6 +1,3 @@
-// Package proxy is the idempotency sidecar's HTTP side: the middleware chain
-// (request id, access log, recovery, tenancy, idempotency) in front of a
-// reverse proxy to the upstream, and the admin listener's handler.
 package proxy
 
 import (
