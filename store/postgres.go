@@ -42,18 +42,47 @@ type PostgresOptions struct {
 	LockGrace time.Duration
 	// Logger receives the purge loop's errors; nil discards them.
 	Logger *slog.Logger
+
+	// Unbatched sends every Claim, Complete and Release as a statement of
+	// its own the moment it is called, as before group commit; for
+	// benchmarks and debugging. By default (false) they are batched, as
+	// MaxBatch and BatchesInFlight say.
+	Unbatched bool
+	// MaxBatch bounds how many operations one batched statement carries.
+	// Zero means 64.
+	MaxBatch int
+	// BatchesInFlight bounds how many statements of one kind (claim,
+	// complete or release) run at once. An operation that finds fewer
+	// running is sent at once, alone; one that finds them all running
+	// waits and goes with everything else that queued meanwhile in the
+	// next statement of its kind. Zero means 2.
+	BatchesInFlight int
+	// ObserveBatch, when not nil, is called for every batched statement
+	// with its kind ("claim", "complete" or "release") and how many
+	// operations it carries (idemproxy_store_batch_size).
+	ObserveBatch func(op string, size int)
+	// ObserveQueue, when not nil, is called for every batched operation
+	// with its kind and how long it waited between the call and its
+	// statement being sent (idemproxy_store_queue_seconds).
+	ObserveQueue func(op string, wait time.Duration)
 }
 
 // Postgres is the store for any number of replicas: every lock and record
 // is a row of the idempotency_keys table, and every expiry is judged by
 // the database's clock. Each request-path operation is one statement and
-// one round trip. It is safe for concurrent use; the schema must have been
-// applied with Migrate.
+// one round trip, shared with the concurrent operations of its kind
+// (group commit, see PostgresOptions.BatchesInFlight). It is safe for
+// concurrent use; the schema must have been applied with Migrate.
 type Postgres struct {
 	pool      *pgxpool.Pool
 	opTimeout time.Duration
 	graceUS   int64
 	log       *slog.Logger
+	// batches is nil when unbatched.
+	batches *pgBatchers
+	// pipeline makes batches pipelines of single statements instead of
+	// one statement over arrays (measured in pgbatch_test.go).
+	pipeline bool
 }
 
 // NewPostgres returns a store backed by a pool of connections to opts.URL.
@@ -67,6 +96,16 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	}
 	if opts.MaxConns < 0 {
 		return nil, fmt.Errorf("store: postgres max conns must be positive, got %d", opts.MaxConns)
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = 64
+	}
+	if opts.BatchesInFlight == 0 {
+		opts.BatchesInFlight = 2
+	}
+	if opts.MaxBatch < 0 || opts.BatchesInFlight < 0 {
+		return nil, fmt.Errorf("store: postgres batch size and batches in flight must be positive, got %d and %d",
+			opts.MaxBatch, opts.BatchesInFlight)
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = 2 * time.Second
@@ -99,12 +138,16 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres pool: %v", err)
 	}
-	return &Postgres{
+	p := &Postgres{
 		pool:      pool,
 		opTimeout: opTimeout,
 		graceUS:   opts.LockGrace.Microseconds(),
 		log:       opts.Logger,
-	}, nil
+	}
+	if !opts.Unbatched {
+		p.batches = newBatchers(p, opts)
+	}
+	return p, nil
 }
 
 // Close closes every connection of the pool, waiting for operations in
@@ -194,12 +237,23 @@ WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.expires_at <= now()`
 // concurrent commit hid the conflicting row from it.
 const claimAttempts = 10
 
+var errClaimOutOfSight = fmt.Errorf("%w: postgres claim: the conflicting row stayed out of sight after %d attempts",
+	idemproxy.ErrUnavailable, claimAttempts)
+
 // Claim locks (tenant, key) unless a live lock or record is there, in which
 // case it reports that entry. A lock whose lease ended or a record past its
 // expiry is taken over, judged by the database's clock.
 func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	if p.batches != nil {
+		return p.batches.claims.do(ctx, p.opTimeout, c)
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
+	return p.claimOne(ctx, c)
+}
+
+// claimOne runs claimSQL until it shows the row.
+func (p *Postgres) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	for range claimAttempts {
 		row := p.pool.QueryRow(ctx, claimSQL,
 			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
@@ -215,8 +269,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 		e.Tenant, e.Key = c.Tenant, c.Key
 		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
 	}
-	return idemproxy.ClaimResult{}, fmt.Errorf("%w: postgres claim: the conflicting row stayed out of sight after %d attempts",
-		idemproxy.ErrUnavailable, claimAttempts)
+	return idemproxy.ClaimResult{}, errClaimOutOfSight
 }
 
 // Complete turns the caller's lock into a record that replays for c.TTL
@@ -224,25 +277,37 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // if the lock is gone, already completed or held by another owner. A lock
 // whose lease ended but that no one claimed since is still completed.
 func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
-	var (
-		header    any
-		body      []byte
-		truncated *bool
-	)
+	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
 	if r := c.Response; r != nil {
 		if r.Header != nil {
 			h, err := json.Marshal(r.Header)
 			if err != nil {
 				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
 			}
-			header = h
+			a.header = h
 		}
-		body, truncated = r.Body, &r.Truncated
+		a.body, a.truncated = r.Body, &r.Truncated
+	}
+	if p.batches != nil {
+		_, err := p.batches.completes.do(ctx, p.opTimeout, a)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, completeSQL,
-		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
+	return p.completeOne(ctx, a)
+}
+
+// completeParams are completeSQL's parameters.
+func completeParams(a *completeArgs) []any {
+	var header any
+	if a.header != nil {
+		header = a.header
+	}
+	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
+}
+
+func (p *Postgres) completeOne(ctx context.Context, a completeArgs) error {
+	tag, err := p.pool.Exec(ctx, completeSQL, completeParams(&a)...)
 	if err != nil {
 		return failure("complete", err)
 	}
@@ -255,9 +320,18 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 // Release drops the caller's lock. It fails with idemproxy.ErrNotOwner if
 // the lock is gone, completed or held by another owner.
 func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	a := releaseArgs{tenant: tenant, owner: owner, key: key}
+	if p.batches != nil {
+		_, err := p.batches.releases.do(ctx, p.opTimeout, a)
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(tenant), key, pgUUID(owner))
+	return p.releaseOne(ctx, a)
+}
+
+func (p *Postgres) releaseOne(ctx context.Context, a releaseArgs) error {
+	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	if err != nil {
 		return failure("release", err)
 	}
@@ -272,7 +346,7 @@ func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, ow
 func (p *Postgres) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key), nil)
+	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
@@ -365,13 +439,14 @@ func (p *Postgres) RunPurge(ctx context.Context, interval time.Duration, batch i
 	}
 }
 
-// scanEntry reads entryColumns, preceded by the claimed flag when claimed
-// is not nil. Tenant and Key are left for the caller.
 // pgUUID passes a UUID to pgx in its native form; a uuid.UUID would go
 // through driver.Valuer and a text round trip on every statement.
 func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
 
-func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
+// scanEntry reads entryColumns, preceded by the columns scanned into
+// before (a claim's flag, a batch's ordinality). Tenant and Key are left
+// for the caller.
+func scanEntry(row pgx.Row, before ...any) (idemproxy.Entry, error) {
 	var (
 		e           idemproxy.Entry
 		state       string
@@ -383,11 +458,8 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 		truncated   *bool
 		commandID   pgtype.UUID
 	)
-	dest := []any{&state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
-		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated}
-	if claimed != nil {
-		dest = append([]any{claimed}, dest...)
-	}
+	dest := append(before, &state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
+		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated)
 	if err := row.Scan(dest...); err != nil {
 		return e, err
 	}
@@ -425,7 +497,7 @@ func scanEntry(row pgx.Row, claimed *bool) (idemproxy.Entry, error) {
 // deadline or cancellation stays matchable with errors.Is.
 func failure(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
+	if errors.As(err, &pgErr) && rowRejected(pgErr) {
 		return fmt.Errorf("store: postgres %s rejected: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
 	}
 	for _, ce := range []error{context.DeadlineExceeded, context.Canceled} {

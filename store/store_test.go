@@ -472,13 +472,27 @@ func TestMemoryContract(t *testing.T) {
 	})
 }
 
+// TestPostgresContract runs the contract with group commit on (the
+// default), through the exec query mode a transaction-mode PgBouncer
+// needs, and with batching off.
 func TestPostgresContract(t *testing.T) {
 	url := testDatabase(t)
-	testStore(t, func(t *testing.T) harness {
-		p := newTestPostgres(t, PostgresOptions{URL: url})
-		return harness{store: p, expire: func(t *testing.T, tenant uuid.UUID, key string) {
-			t.Helper()
-			ageRow(t, url, tenant, key, false)
-		}}
-	})
+	for _, tc := range []struct {
+		name string
+		opts PostgresOptions
+	}{
+		{"batched", PostgresOptions{URL: url}},
+		{"batched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec")}},
+		{"unbatched", PostgresOptions{URL: url, Unbatched: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testStore(t, func(t *testing.T) harness {
+				p := newTestPostgres(t, tc.opts)
+				return harness{store: p, expire: func(t *testing.T, tenant uuid.UUID, key string) {
+					t.Helper()
+					ageRow(t, url, tenant, key, false)
+				}}
+			})
+		})
+	}
 }

@@ -1,0 +1,508 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// Group commit: Claim, Complete and Release calls that arrive while
+// statements of their kind are in flight go together in the next
+// statement, one row per call, passed as arrays and unnested WITH
+// ORDINALITY so that each result row names the call it answers.
+//
+// Rules every batched statement keeps:
+//   - Rows are touched in one global order, (tenant, key) by bytes, so two
+//     statements, from this replica or another, never wait on each other
+//     in a cycle: the arrays are sorted in Go (not by the database's
+//     collation) and the statements lock in array order.
+//   - No (tenant, key) appears twice in one statement (ON CONFLICT cannot
+//     touch a row twice: SQLSTATE 21000). A repeated claim is answered from
+//     the first one's row; a repeated completion or release goes in the
+//     next statement.
+//   - A statement that fails answers every caller in it with the failure
+//     (ErrUnavailable: fail closed); one that the database rejects as
+//     invalid (SQLSTATE classes 22 and 23) is retried one statement per
+//     call, so that one bad row does not fail its neighbours.
+
+// entryNames are the names of entryColumns' output columns, in order.
+const entryNames = `state, command_id, command_type, fingerprint, created_at, ends_at,
+	remaining_us, status, resp_headers, resp_body, resp_truncated`
+
+// claimBatchSQL is claimSQL for many keys: $1…$7 are arrays with one
+// element per claim, $8 the lock grace.
+const claimBatchSQL = `WITH input AS MATERIALIZED (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::bytea[], $7::bigint[])
+		WITH ORDINALITY AS i(in_tenant, in_key, in_command_id, in_command_type, in_owner, in_fingerprint, in_lease_us, ord)
+), ins AS (
+	INSERT INTO idempotency_keys AS k
+		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
+		 created_at, lease_expires_at, expires_at)
+	SELECT in_tenant, in_key, in_command_id, in_command_type, 'in_flight', in_owner, in_fingerprint,
+		now(), now() + in_lease_us * interval '1 microsecond',
+		now() + (in_lease_us + $8::bigint) * interval '1 microsecond'
+	FROM input
+	ORDER BY ord
+	ON CONFLICT (tenant_id, key) DO UPDATE SET
+		command_id = excluded.command_id,
+		command_type = excluded.command_type,
+		state = excluded.state,
+		owner_token = excluded.owner_token,
+		fingerprint = excluded.fingerprint,
+		created_at = excluded.created_at,
+		lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at,
+		status = NULL,
+		resp_headers = NULL,
+		resp_body = NULL,
+		resp_truncated = NULL
+	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()
+	RETURNING tenant_id, key, ` + entryColumns + `
+)
+SELECT i.ord, true, ` + entryNames + `
+FROM ins JOIN input i ON i.in_tenant = ins.tenant_id AND i.in_key = ins.key
+UNION ALL
+SELECT i.ord, false, ` + entryColumns + `
+FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
+	AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.tenant_id = i.in_tenant AND ins.key = i.in_key)`
+
+// completeBatchSQL is completeSQL for many keys, $1…$8 arrays with one
+// element per completion (resp_headers as JSON text). The rows are locked
+// in array order first: an UPDATE … FROM would touch them in whatever
+// order its join plan yields.
+const completeBatchSQL = `WITH input AS MATERIALIZED (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
+		WITH ORDINALITY AS i(in_tenant, in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
+), locked AS MATERIALIZED (
+	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+	WHERE k.owner_token = i.in_owner AND k.state = 'in_flight'
+	ORDER BY i.ord
+	FOR UPDATE OF k
+)
+UPDATE idempotency_keys SET
+	state = 'succeeded',
+	status = l.in_status,
+	resp_headers = l.in_headers::jsonb,
+	resp_body = l.in_body,
+	resp_truncated = l.in_truncated,
+	created_at = now(),
+	lease_expires_at = NULL,
+	expires_at = now() + l.in_ttl_us * interval '1 microsecond'
+FROM locked l
+WHERE tenant_id = l.in_tenant AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
+RETURNING l.ord`
+
+// releaseBatchSQL is releaseSQL for many keys, locking in array order as
+// completeBatchSQL does.
+const releaseBatchSQL = `WITH input AS MATERIALIZED (
+	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[])
+		WITH ORDINALITY AS i(in_tenant, in_key, in_owner, ord)
+), locked AS MATERIALIZED (
+	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+	WHERE k.owner_token = i.in_owner AND k.state = 'in_flight'
+	ORDER BY i.ord
+	FOR UPDATE OF k
+)
+DELETE FROM idempotency_keys USING locked l
+WHERE tenant_id = l.in_tenant AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
+RETURNING l.ord`
+
+// completeArgs is a Completion encoded for the database.
+type completeArgs struct {
+	tenant, owner uuid.UUID
+	key           string
+	status        int32
+	header        []byte // JSON; nil for none
+	body          []byte
+	truncated     *bool
+	ttlUS         int64
+}
+
+// releaseArgs names the lock a Release drops.
+type releaseArgs struct {
+	tenant, owner uuid.UUID
+	key           string
+}
+
+type (
+	claimOp    = batchOp[idemproxy.Claim, idemproxy.ClaimResult]
+	completeOp = batchOp[completeArgs, struct{}]
+	releaseOp  = batchOp[releaseArgs, struct{}]
+)
+
+// pgBatchers are the store's three batchers.
+type pgBatchers struct {
+	claims    *batcher[idemproxy.Claim, idemproxy.ClaimResult]
+	completes *batcher[completeArgs, struct{}]
+	releases  *batcher[releaseArgs, struct{}]
+}
+
+func newBatchers(p *Postgres, opts PostgresOptions) *pgBatchers {
+	return &pgBatchers{
+		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
+			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
+			run: p.runClaims, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+		},
+		completes: &batcher[completeArgs, struct{}]{
+			op: "complete", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
+			run: p.runCompletes, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+		},
+		releases: &batcher[releaseArgs, struct{}]{
+			op: "release", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
+			run: p.runReleases, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+		},
+	}
+}
+
+// compareKeys orders (tenant, key) pairs by their bytes: the one order in
+// which every batched statement touches rows.
+func compareKeys(ta uuid.UUID, ka string, tb uuid.UUID, kb string) int {
+	if c := bytes.Compare(ta[:], tb[:]); c != 0 {
+		return c
+	}
+	return strings.Compare(ka, kb)
+}
+
+// rowRejected reports whether the database refused a statement's data as
+// invalid (SQLSTATE classes 22 and 23), rather than failing to run it.
+func rowRejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
+}
+
+// runClaims sends a batch of claims and answers each.
+func (p *Postgres) runClaims(ops []*claimOp) {
+	slices.SortFunc(ops, func(a, b *claimOp) int {
+		return compareKeys(a.req.Tenant, a.req.Key, b.req.Tenant, b.req.Key)
+	})
+	// lead[i] is the op whose row answers ops[i]: the first op of its
+	// (tenant, key) whose caller still waits.
+	lead := make([]int, len(ops))
+	var rows []int
+	for start := 0; start < len(ops); {
+		end := start + 1
+		for end < len(ops) && ops[end].req.Tenant == ops[start].req.Tenant && ops[end].req.Key == ops[start].req.Key {
+			end++
+		}
+		l := start
+		for l < end-1 && ops[l].abandoned() {
+			l++
+		}
+		for i := start; i < end; i++ {
+			lead[i] = l
+		}
+		if !ops[l].abandoned() {
+			rows = append(rows, l)
+		}
+		start = end
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
+	defer cancel()
+	results := make([]idemproxy.ClaimResult, len(ops))
+	errs := make([]error, len(ops))
+	pending := rows
+	for attempt := 0; len(pending) > 0 && attempt < claimAttempts; attempt++ {
+		var err error
+		pending, err = p.claimRows(ctx, ops, pending, results)
+		switch {
+		case err == nil:
+		case rowRejected(err):
+			for _, i := range pending {
+				results[i], errs[i] = p.claimOne(ctx, ops[i].req)
+			}
+			pending = nil
+		default:
+			for _, i := range pending {
+				errs[i] = failure("claim", err)
+			}
+			pending = nil
+		}
+	}
+	for _, i := range pending {
+		errs[i] = errClaimOutOfSight
+	}
+
+	for i, o := range ops {
+		res, err := results[lead[i]], errs[lead[i]]
+		if lead[i] != i {
+			// The lead's claim came first: this one meets its lock, or
+			// whatever the lead met.
+			res.Claimed = false
+		}
+		if !o.finish(res, err) && err == nil && res.Claimed {
+			// Its caller is gone: nobody will forward the command or
+			// complete the lock, so give the key back at once.
+			rctx, rcancel := context.WithTimeout(context.Background(), p.opTimeout)
+			if err := p.releaseOne(rctx, releaseArgs{o.req.Tenant, o.req.Owner, o.req.Key}); err != nil {
+				p.log.Warn("the lock of a claim whose caller gave up could not be released; it ends with its lease",
+					"tenant", o.req.Tenant.String(), "idempotency_key", o.req.Key, "error", err)
+			}
+			rcancel()
+		}
+	}
+}
+
+// claimRows runs one claim statement for ops[idx…], fills in the results
+// of the ones it answered, and returns the others: those whose
+// conflicting row the statement's snapshot did not show, to be claimed
+// again. On error no result is filled in and idx is returned whole.
+func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, results []idemproxy.ClaimResult) ([]int, error) {
+	if p.pipeline {
+		return p.claimPipeline(ctx, ops, idx, results)
+	}
+	n := len(idx)
+	tenants, commandIDs, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n), make([]pgtype.UUID, n)
+	keys, types := make([]string, n), make([]string, n)
+	fingerprints, leases := make([][]byte, n), make([]int64, n)
+	for j, i := range idx {
+		c := &ops[i].req
+		tenants[j], commandIDs[j], owners[j] = pgUUID(c.Tenant), pgUUID(c.CommandID), pgUUID(c.Owner)
+		keys[j], types[j] = c.Key, c.CommandType
+		fingerprints[j], leases[j] = c.Fingerprint[:], c.Lease.Microseconds()
+	}
+	rows, err := p.pool.Query(ctx, claimBatchSQL, tenants, keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
+	if err != nil {
+		return idx, err
+	}
+	defer rows.Close()
+	got := make([]idemproxy.ClaimResult, n)
+	seen := make([]bool, n)
+	for rows.Next() {
+		var ord int64
+		var claimed bool
+		e, err := scanEntry(rows, &ord, &claimed)
+		if err == nil && (ord < 1 || ord > int64(n) || seen[ord-1]) {
+			err = errors.New("claim batch answered a row it was not asked for")
+		}
+		if err != nil {
+			return idx, err
+		}
+		seen[ord-1] = true
+		got[ord-1] = idemproxy.ClaimResult{Claimed: claimed, Entry: e}
+	}
+	// Only a statement that ended without error committed: nothing is
+	// answered before that.
+	if err := rows.Err(); err != nil {
+		return idx, err
+	}
+	var missing []int
+	for j, i := range idx {
+		if !seen[j] {
+			missing = append(missing, i)
+			continue
+		}
+		got[j].Entry.Tenant, got[j].Entry.Key = ops[i].req.Tenant, ops[i].req.Key
+		results[i] = got[j]
+	}
+	return missing, nil
+}
+
+// runCompletes sends a batch of completions and answers each.
+func (p *Postgres) runCompletes(ops []*completeOp) {
+	slices.SortFunc(ops, func(a, b *completeOp) int {
+		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
+	})
+	errs := p.runCAS(len(ops), "complete",
+		func(i, j int) bool { return ops[i].req.tenant == ops[j].req.tenant && ops[i].req.key == ops[j].req.key },
+		func(ctx context.Context, idx []int) ([]bool, error) { return p.completeRows(ctx, ops, idx) },
+		func(ctx context.Context, i int) error { return p.completeOne(ctx, ops[i].req) })
+	for i, o := range ops {
+		o.finish(struct{}{}, errs[i])
+	}
+}
+
+// runReleases sends a batch of releases and answers each.
+func (p *Postgres) runReleases(ops []*releaseOp) {
+	slices.SortFunc(ops, func(a, b *releaseOp) int {
+		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
+	})
+	errs := p.runCAS(len(ops), "release",
+		func(i, j int) bool { return ops[i].req.tenant == ops[j].req.tenant && ops[i].req.key == ops[j].req.key },
+		func(ctx context.Context, idx []int) ([]bool, error) { return p.releaseRows(ctx, ops, idx) },
+		func(ctx context.Context, i int) error { return p.releaseOne(ctx, ops[i].req) })
+	for i, o := range ops {
+		o.finish(struct{}{}, errs[i])
+	}
+}
+
+// runCAS runs n owner-token compare-and-swaps, sorted by key, and returns
+// each one's error: ErrNotOwner when its row did not match. Each statement
+// carries at most one op per key (sameKey compares neighbours); a key's
+// later ops go in the next statement, as if they had arrived after it.
+// stmt reports which of the ops it was given matched their row; a
+// statement the database rejects as invalid is retried with one per op.
+func (p *Postgres) runCAS(n int, op string, sameKey func(i, j int) bool,
+	stmt func(ctx context.Context, idx []int) ([]bool, error), one func(ctx context.Context, i int) error) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
+	defer cancel()
+	errs := make([]error, n)
+	remaining := make([]int, n)
+	for i := range remaining {
+		remaining[i] = i
+	}
+	for len(remaining) > 0 {
+		var round, later []int
+		for _, i := range remaining {
+			if len(round) > 0 && sameKey(round[len(round)-1], i) {
+				later = append(later, i)
+			} else {
+				round = append(round, i)
+			}
+		}
+		remaining = later
+		matched, err := stmt(ctx, round)
+		for j, i := range round {
+			switch {
+			case err != nil && rowRejected(err):
+				errs[i] = one(ctx, i)
+			case err != nil:
+				errs[i] = failure(op, err)
+			case !matched[j]:
+				errs[i] = idemproxy.ErrNotOwner
+			}
+		}
+	}
+	return errs
+}
+
+// completeRows runs one completion statement for ops[idx…] and reports
+// which of them matched their lock.
+func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp, idx []int) ([]bool, error) {
+	if p.pipeline {
+		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
+			a := &ops[idx[j]].req
+			b.Queue(completeSQL, completeParams(a)...)
+		})
+	}
+	n := len(idx)
+	tenants, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
+	keys, statuses := make([]string, n), make([]int32, n)
+	headers, bodies := make([]pgtype.Text, n), make([][]byte, n)
+	truncated, ttls := make([]pgtype.Bool, n), make([]int64, n)
+	for j, i := range idx {
+		a := &ops[i].req
+		tenants[j], owners[j], keys[j], statuses[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key, a.status
+		headers[j] = pgtype.Text{String: string(a.header), Valid: a.header != nil}
+		bodies[j], ttls[j] = a.body, a.ttlUS
+		if a.truncated != nil {
+			truncated[j] = pgtype.Bool{Bool: *a.truncated, Valid: true}
+		}
+	}
+	return p.casRows(ctx, n, completeBatchSQL, tenants, keys, owners, statuses, headers, bodies, truncated, ttls)
+}
+
+// releaseRows runs one release statement for ops[idx…] and reports which
+// of them matched their lock.
+func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp, idx []int) ([]bool, error) {
+	if p.pipeline {
+		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
+			a := &ops[idx[j]].req
+			b.Queue(releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
+		})
+	}
+	n := len(idx)
+	tenants, owners, keys := make([]pgtype.UUID, n), make([]pgtype.UUID, n), make([]string, n)
+	for j, i := range idx {
+		a := &ops[i].req
+		tenants[j], owners[j], keys[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key
+	}
+	return p.casRows(ctx, n, releaseBatchSQL, tenants, keys, owners)
+}
+
+// casRows runs a statement that returns the ordinality of every input row
+// it changed, and reports which of the n it changed.
+func (p *Postgres) casRows(ctx context.Context, n int, sql string, args ...any) ([]bool, error) {
+	rows, err := p.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	matched := make([]bool, n)
+	for rows.Next() {
+		var ord int64
+		if err := rows.Scan(&ord); err != nil {
+			return nil, err
+		}
+		if ord < 1 || ord > int64(n) {
+			return nil, errors.New("batched statement answered a row it was not asked for")
+		}
+		matched[ord-1] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return matched, nil
+}
+
+// claimPipeline is claimRows as a pipeline: one claimSQL per claim, all
+// sent at once and run in one implicit transaction.
+func (p *Postgres) claimPipeline(ctx context.Context, ops []*claimOp, idx []int, results []idemproxy.ClaimResult) ([]int, error) {
+	b := &pgx.Batch{}
+	for _, i := range idx {
+		c := &ops[i].req
+		b.Queue(claimSQL, pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
+			c.Lease.Microseconds(), p.graceUS)
+	}
+	br := p.pool.SendBatch(ctx, b)
+	defer br.Close()
+	got := make([]idemproxy.ClaimResult, len(idx))
+	seen := make([]bool, len(idx))
+	for j := range idx {
+		var claimed bool
+		e, err := scanEntry(br.QueryRow(), &claimed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return idx, err
+		}
+		seen[j], got[j] = true, idemproxy.ClaimResult{Claimed: claimed, Entry: e}
+	}
+	if err := br.Close(); err != nil {
+		return idx, err
+	}
+	var missing []int
+	for j, i := range idx {
+		if !seen[j] {
+			missing = append(missing, i)
+			continue
+		}
+		got[j].Entry.Tenant, got[j].Entry.Key = ops[i].req.Tenant, ops[i].req.Key
+		results[i] = got[j]
+	}
+	return missing, nil
+}
+
+// casPipeline runs n statements queued by queue in one pipeline and one
+// implicit transaction, and reports which changed a row.
+func (p *Postgres) casPipeline(ctx context.Context, n int, queue func(b *pgx.Batch, j int)) ([]bool, error) {
+	b := &pgx.Batch{}
+	for j := range n {
+		queue(b, j)
+	}
+	br := p.pool.SendBatch(ctx, b)
+	defer br.Close()
+	matched := make([]bool, n)
+	for j := range n {
+		tag, err := br.Exec()
+		if err != nil {
+			return nil, err
+		}
+		matched[j] = tag.RowsAffected() > 0
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	return matched, nil
+}
