@@ -258,6 +258,22 @@ func (p *Postgres) runClaims(ops []*claimOp) {
 // conflicting row the statement's snapshot did not show, to be claimed
 // again. On error no result is filled in and idx is returned whole.
 func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, results []idemproxy.ClaimResult) ([]int, error) {
+	if len(idx) == 1 {
+		// A batch of one costs the database less as the single statement.
+		i := idx[0]
+		c := &ops[i].req
+		var claimed bool
+		e, err := scanEntry(p.pool.QueryRow(ctx, claimSQL, claimParams(c, p.graceUS)...), &claimed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return idx, nil
+		}
+		if err != nil {
+			return idx, err
+		}
+		e.Tenant, e.Key = c.Tenant, c.Key
+		results[i] = idemproxy.ClaimResult{Claimed: claimed, Entry: e}
+		return nil, nil
+	}
 	if p.pipeline {
 		return p.claimPipeline(ctx, ops, idx, results)
 	}
@@ -379,6 +395,9 @@ func (p *Postgres) runCAS(n int, op string, sameKey func(i, j int) bool,
 // completeRows runs one completion statement for ops[idx…] and reports
 // which of them matched their lock.
 func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp, idx []int) ([]bool, error) {
+	if len(idx) == 1 {
+		return p.casOne(ctx, completeSQL, completeParams(&ops[idx[0]].req)...)
+	}
 	if p.pipeline {
 		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
 			a := &ops[idx[j]].req
@@ -405,6 +424,10 @@ func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp, idx []in
 // releaseRows runs one release statement for ops[idx…] and reports which
 // of them matched their lock.
 func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp, idx []int) ([]bool, error) {
+	if len(idx) == 1 {
+		a := &ops[idx[0]].req
+		return p.casOne(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
+	}
 	if p.pipeline {
 		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
 			a := &ops[idx[j]].req
@@ -418,6 +441,16 @@ func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp, idx []int)
 		tenants[j], owners[j], keys[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key
 	}
 	return p.casRows(ctx, n, releaseBatchSQL, tenants, keys, owners)
+}
+
+// casOne runs a single-row compare-and-swap statement and reports whether
+// it changed its row.
+func (p *Postgres) casOne(ctx context.Context, sql string, args ...any) ([]bool, error) {
+	tag, err := p.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return []bool{tag.RowsAffected() > 0}, nil
 }
 
 // casRows runs a statement that returns the ordinality of every input row
@@ -451,8 +484,7 @@ func (p *Postgres) claimPipeline(ctx context.Context, ops []*claimOp, idx []int,
 	b := &pgx.Batch{}
 	for _, i := range idx {
 		c := &ops[i].req
-		b.Queue(claimSQL, pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
-			c.Lease.Microseconds(), p.graceUS)
+		b.Queue(claimSQL, claimParams(c, p.graceUS)...)
 	}
 	br := p.pool.SendBatch(ctx, b)
 	defer br.Close()

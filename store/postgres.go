@@ -255,9 +255,7 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // claimOne runs claimSQL until it shows the row.
 func (p *Postgres) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	for range claimAttempts {
-		row := p.pool.QueryRow(ctx, claimSQL,
-			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
-			c.Lease.Microseconds(), p.graceUS)
+		row := p.pool.QueryRow(ctx, claimSQL, claimParams(&c, p.graceUS)...)
 		var claimed bool
 		e, err := scanEntry(row, &claimed)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -270,6 +268,12 @@ func (p *Postgres) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.C
 		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
 	}
 	return idemproxy.ClaimResult{}, errClaimOutOfSight
+}
+
+// claimParams are claimSQL's parameters.
+func claimParams(c *idemproxy.Claim, graceUS int64) []any {
+	return []any{pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
+		c.Lease.Microseconds(), graceUS}
 }
 
 // Complete turns the caller's lock into a record that replays for c.TTL
@@ -301,7 +305,10 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 func completeParams(a *completeArgs) []any {
 	var header any
 	if a.header != nil {
-		header = a.header
+		// As json.RawMessage, not []byte: in the exec query mode pgx
+		// picks the parameter's type from the Go type, and []byte would
+		// go as bytea text (\x…), which jsonb refuses (SQLSTATE 22P02).
+		header = json.RawMessage(a.header)
 	}
 	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
 }

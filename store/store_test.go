@@ -484,6 +484,7 @@ func TestPostgresContract(t *testing.T) {
 		{"batched", PostgresOptions{URL: url}},
 		{"batched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec")}},
 		{"unbatched", PostgresOptions{URL: url, Unbatched: true}},
+		{"unbatched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec"), Unbatched: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testStore(t, func(t *testing.T) harness {
