@@ -25,10 +25,12 @@ import (
 //     statements, from this replica or another, never wait on each other
 //     in a cycle: the arrays are sorted in Go (not by the database's
 //     collation) and the statements lock in array order.
-//   - No (tenant, key) appears twice in one statement (ON CONFLICT cannot
-//     touch a row twice: SQLSTATE 21000). A repeated claim is answered from
-//     the first one's row; a repeated completion or release goes in the
-//     next statement.
+//   - No (tenant, key) is claimed twice in one statement (ON CONFLICT
+//     cannot touch a row twice: SQLSTATE 21000): a repeated claim is
+//     answered from the first one's row. A completion or release that
+//     repeats a key needs nothing of the kind: the row changes once and
+//     only the input row that changed it is returned, as if the two had
+//     been sent one after the other.
 //   - A statement that fails answers every caller in it with the failure
 //     (ErrUnavailable: fail closed); one that the database rejects as
 //     invalid (SQLSTATE classes 22 and 23) is retried one statement per
@@ -330,8 +332,7 @@ func (p *Postgres) runCompletes(ops []*completeOp) {
 		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
 	})
 	errs := p.runCAS(len(ops), "complete",
-		func(i, j int) bool { return ops[i].req.tenant == ops[j].req.tenant && ops[i].req.key == ops[j].req.key },
-		func(ctx context.Context, idx []int) ([]bool, error) { return p.completeRows(ctx, ops, idx) },
+		func(ctx context.Context) ([]bool, error) { return p.completeRows(ctx, ops) },
 		func(ctx context.Context, i int) error { return p.completeOne(ctx, ops[i].req) })
 	for i, o := range ops {
 		o.finish(struct{}{}, errs[i])
@@ -344,73 +345,54 @@ func (p *Postgres) runReleases(ops []*releaseOp) {
 		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
 	})
 	errs := p.runCAS(len(ops), "release",
-		func(i, j int) bool { return ops[i].req.tenant == ops[j].req.tenant && ops[i].req.key == ops[j].req.key },
-		func(ctx context.Context, idx []int) ([]bool, error) { return p.releaseRows(ctx, ops, idx) },
+		func(ctx context.Context) ([]bool, error) { return p.releaseRows(ctx, ops) },
 		func(ctx context.Context, i int) error { return p.releaseOne(ctx, ops[i].req) })
 	for i, o := range ops {
 		o.finish(struct{}{}, errs[i])
 	}
 }
 
-// runCAS runs n owner-token compare-and-swaps, sorted by key, and returns
-// each one's error: ErrNotOwner when its row did not match. Each statement
-// carries at most one op per key (sameKey compares neighbours); a key's
-// later ops go in the next statement, as if they had arrived after it.
-// stmt reports which of the ops it was given matched their row; a
-// statement the database rejects as invalid is retried with one per op.
-func (p *Postgres) runCAS(n int, op string, sameKey func(i, j int) bool,
-	stmt func(ctx context.Context, idx []int) ([]bool, error), one func(ctx context.Context, i int) error) []error {
+// runCAS runs one statement of n owner-token compare-and-swaps and
+// returns each one's error: ErrNotOwner when its row did not match. stmt
+// reports which matched; a statement the database rejects as invalid is
+// retried one op at a time, with one.
+func (p *Postgres) runCAS(n int, op string,
+	stmt func(ctx context.Context) ([]bool, error), one func(ctx context.Context, i int) error) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
 	defer cancel()
 	errs := make([]error, n)
-	remaining := make([]int, n)
-	for i := range remaining {
-		remaining[i] = i
-	}
-	for len(remaining) > 0 {
-		var round, later []int
-		for _, i := range remaining {
-			if len(round) > 0 && sameKey(round[len(round)-1], i) {
-				later = append(later, i)
-			} else {
-				round = append(round, i)
-			}
-		}
-		remaining = later
-		matched, err := stmt(ctx, round)
-		for j, i := range round {
-			switch {
-			case err != nil && rowRejected(err):
-				errs[i] = one(ctx, i)
-			case err != nil:
-				errs[i] = failure(op, err)
-			case !matched[j]:
-				errs[i] = idemproxy.ErrNotOwner
-			}
+	matched, err := stmt(ctx)
+	for i := range errs {
+		switch {
+		case err != nil && rowRejected(err):
+			errs[i] = one(ctx, i)
+		case err != nil:
+			errs[i] = failure(op, err)
+		case !matched[i]:
+			errs[i] = idemproxy.ErrNotOwner
 		}
 	}
 	return errs
 }
 
-// completeRows runs one completion statement for ops[idx…] and reports
-// which of them matched their lock.
-func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp, idx []int) ([]bool, error) {
-	if len(idx) == 1 {
-		return p.casOne(ctx, completeSQL, completeParams(&ops[idx[0]].req)...)
+// completeRows runs one completion statement for ops and reports which
+// of them matched their lock.
+func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp) ([]bool, error) {
+	if len(ops) == 1 {
+		return p.casOne(ctx, completeSQL, completeParams(&ops[0].req)...)
 	}
 	if p.pipeline {
-		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
-			a := &ops[idx[j]].req
-			b.Queue(completeSQL, completeParams(a)...)
+		return p.casPipeline(ctx, len(ops), func(b *pgx.Batch, i int) {
+			b.Queue(completeSQL, completeParams(&ops[i].req)...)
 		})
 	}
-	n := len(idx)
+	n := len(ops)
 	tenants, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
 	keys, statuses := make([]string, n), make([]int32, n)
 	headers, bodies := make([]pgtype.Text, n), make([][]byte, n)
 	truncated, ttls := make([]pgtype.Bool, n), make([]int64, n)
-	for j, i := range idx {
-		a := &ops[i].req
+	for j, o := range ops {
+		a := &o.req
 		tenants[j], owners[j], keys[j], statuses[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key, a.status
 		headers[j] = pgtype.Text{String: string(a.header), Valid: a.header != nil}
 		bodies[j], ttls[j] = a.body, a.ttlUS
@@ -421,24 +403,23 @@ func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp, idx []in
 	return p.casRows(ctx, n, completeBatchSQL, tenants, keys, owners, statuses, headers, bodies, truncated, ttls)
 }
 
-// releaseRows runs one release statement for ops[idx…] and reports which
-// of them matched their lock.
-func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp, idx []int) ([]bool, error) {
-	if len(idx) == 1 {
-		a := &ops[idx[0]].req
+// releaseRows runs one release statement for ops and reports which of
+// them matched their lock.
+func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp) ([]bool, error) {
+	if len(ops) == 1 {
+		a := &ops[0].req
 		return p.casOne(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	}
 	if p.pipeline {
-		return p.casPipeline(ctx, len(idx), func(b *pgx.Batch, j int) {
-			a := &ops[idx[j]].req
+		return p.casPipeline(ctx, len(ops), func(b *pgx.Batch, i int) {
+			a := &ops[i].req
 			b.Queue(releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
 		})
 	}
-	n := len(idx)
+	n := len(ops)
 	tenants, owners, keys := make([]pgtype.UUID, n), make([]pgtype.UUID, n), make([]string, n)
-	for j, i := range idx {
-		a := &ops[i].req
-		tenants[j], owners[j], keys[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key
+	for j, o := range ops {
+		tenants[j], owners[j], keys[j] = pgUUID(o.req.tenant), pgUUID(o.req.owner), o.req.key
 	}
 	return p.casRows(ctx, n, releaseBatchSQL, tenants, keys, owners)
 }

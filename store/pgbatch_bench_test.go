@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,12 +10,15 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // BenchmarkPostgresGroupCommit measures Claim+Complete on unique keys from
@@ -40,10 +44,18 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 	if m := os.Getenv("IDEMPROXY_BENCH_MODES"); m != "" {
 		modes = regexp.MustCompile(`\s*,\s*`).Split(m, -1)
 	}
+	inFlight, _ := strconv.Atoi(os.Getenv("IDEMPROXY_BENCH_IN_FLIGHT"))
+	var batches, batched atomic.Int64
+	batchOpts := PostgresOptions{URL: dbURL, BatchesInFlight: inFlight, ObserveBatch: func(op string, n int) {
+		if op == "claim" {
+			batches.Add(1)
+			batched.Add(int64(n))
+		}
+	}}
 	stores := map[string]*Postgres{
 		"unbatched": newTestPostgres(b, PostgresOptions{URL: dbURL, Unbatched: true}),
-		"unnest":    newTestPostgres(b, PostgresOptions{URL: dbURL}),
-		"pipeline":  newTestPostgres(b, PostgresOptions{URL: dbURL}),
+		"unnest":    newTestPostgres(b, batchOpts),
+		"pipeline":  newTestPostgres(b, batchOpts),
 	}
 	stores["pipeline"].pipeline = true
 	tenant := uuid.New()
@@ -54,11 +66,15 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 		for _, clients := range []int{1, 8, 32, 128} {
 			for _, mode := range modes {
 				b.Run(fmt.Sprintf("round=%d/clients=%d/mode=%s", round, clients, mode), func(b *testing.B) {
+					cpu := startBackendCPU(b, dbURL)
+					defer cpu.report(b)
 					if mode == "pgbench" {
 						runPgbench(b, dbURL, tenant, clients)
 						return
 					}
 					p := stores[mode]
+					batches.Store(0)
+					batched.Store(0)
 					b.ReportAllocs()
 					b.ResetTimer()
 					var done atomic.Int64
@@ -81,6 +97,9 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 					}
 					wg.Wait()
 					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cmd/s")
+					if n := batches.Load(); n > 0 {
+						b.ReportMetric(float64(batched.Load())/float64(n), "claims/batch")
+					}
 				})
 			}
 		}
@@ -118,4 +137,118 @@ func runPgbench(b *testing.B, dbURL string, tenant uuid.UUID, clients int) {
 	}
 	tps, _ := strconv.ParseFloat(string(m[1]), 64)
 	b.ReportMetric(tps, "cmd/s")
+}
+
+// backendCPU follows the CPU time of the Postgres backends serving the
+// benchmark (application_name idemproxy or pgbench, in the test
+// database) and of this process: on a machine shared with other work, CPU
+// per command moves much less than commands per second. Backends are
+// sampled every 50 ms from /proc, so a backend that exits (pgbench's)
+// loses at most its last 50 ms.
+type backendCPU struct {
+	stop     chan struct{}
+	done     chan struct{}
+	first    map[int]time.Duration
+	last     map[int]time.Duration
+	goCPU    time.Duration
+	disabled bool
+}
+
+func startBackendCPU(b *testing.B, dbURL string) *backendCPU {
+	c := &backendCPU{stop: make(chan struct{}), done: make(chan struct{}), first: map[int]time.Duration{}, last: map[int]time.Duration{}}
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sample := func(initial bool) {
+		rows, err := conn.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name IN ('idemproxy', 'pgbench')`)
+		if err != nil {
+			return
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return
+		}
+		for _, pid := range pids {
+			t, ok := procCPU(int(pid))
+			if !ok {
+				c.disabled = initial && len(pids) > 0
+				continue
+			}
+			if _, seen := c.first[int(pid)]; !seen {
+				if initial {
+					c.first[int(pid)] = t
+				} else {
+					c.first[int(pid)] = 0
+				}
+			}
+			c.last[int(pid)] = t
+		}
+	}
+	sample(true)
+	c.goCPU = processCPU()
+	go func() {
+		defer close(c.done)
+		defer conn.Close(context.Background())
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-c.stop:
+				sample(false)
+				return
+			case <-t.C:
+				sample(false)
+			}
+		}
+	}()
+	return c
+}
+
+// report stops sampling and reports µs of CPU per command, Postgres's and
+// this process's.
+func (c *backendCPU) report(b *testing.B) {
+	goCPU := processCPU() - c.goCPU
+	close(c.stop)
+	<-c.done
+	var pg time.Duration
+	for pid, t := range c.last {
+		pg += t - c.first[pid]
+	}
+	n := float64(b.N)
+	if !c.disabled {
+		b.ReportMetric(float64(pg.Microseconds())/n, "pg-µs/cmd")
+	}
+	b.ReportMetric(float64(goCPU.Microseconds())/n, "go-µs/cmd")
+}
+
+// procCPU is a process's user and system CPU time, from /proc.
+func procCPU(pid int) (time.Duration, bool) {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The fields after the command name, which is in parentheses.
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	// Clock ticks are 1/100 s on Linux.
+	return time.Duration(utime+stime) * 10 * time.Millisecond, true
+}
+
+// processCPU is the CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
