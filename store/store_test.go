@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"net/http"
@@ -474,21 +475,27 @@ func TestMemoryContract(t *testing.T) {
 
 // TestPostgresContract runs the contract with group commit on (the
 // default), through the exec query mode a transaction-mode PgBouncer
-// needs, and with batching off.
+// needs, with contexts that never end (as the proxy's: a caller then runs
+// the batch it starts itself), and with batching off.
 func TestPostgresContract(t *testing.T) {
 	url := testDatabase(t)
 	for _, tc := range []struct {
-		name string
-		opts PostgresOptions
+		name     string
+		opts     PostgresOptions
+		noCancel bool
 	}{
-		{"batched", PostgresOptions{URL: url}},
-		{"batched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec")}},
-		{"unbatched", PostgresOptions{URL: url, Unbatched: true}},
-		{"unbatched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec"), Unbatched: true}},
+		{"batched", PostgresOptions{URL: url}, false},
+		{"batched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec")}, false},
+		{"batched uncancellable", PostgresOptions{URL: url}, true},
+		{"unbatched", PostgresOptions{URL: url, Unbatched: true}, false},
+		{"unbatched exec mode", PostgresOptions{URL: withParam(t, url, "default_query_exec_mode", "exec"), Unbatched: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testStore(t, func(t *testing.T) harness {
-				p := newTestPostgres(t, tc.opts)
+				var p proxy.Store = newTestPostgres(t, tc.opts)
+				if tc.noCancel {
+					p = uncancellable{p}
+				}
 				return harness{store: p, expire: func(t *testing.T, tenant uuid.UUID, key string) {
 					t.Helper()
 					ageRow(t, url, tenant, key, false)
@@ -496,4 +503,20 @@ func TestPostgresContract(t *testing.T) {
 			})
 		})
 	}
+}
+
+// uncancellable hands a store's batched operations contexts whose Done is
+// nil, as the proxy does.
+type uncancellable struct{ proxy.Store }
+
+func (u uncancellable) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	return u.Store.Claim(context.WithoutCancel(ctx), c)
+}
+
+func (u uncancellable) Complete(ctx context.Context, c idemproxy.Completion) error {
+	return u.Store.Complete(context.WithoutCancel(ctx), c)
+}
+
+func (u uncancellable) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	return u.Store.Release(context.WithoutCancel(ctx), tenant, key, owner)
 }
