@@ -32,6 +32,9 @@ type Config struct {
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
+	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" desc:"most operations one batched Postgres statement carries"`
+	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" desc:"batched Postgres statements of one kind running at once; operations arriving meanwhile go together in the next"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking Postgres again"`
@@ -207,6 +210,12 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 || c.DBMaxConns > 10000 {
 		bad("IDEMPROXY_DB_MAX_CONNS", "must be between 1 and 10000, got %d", c.DBMaxConns)
+	}
+	if c.DBBatchMax < 1 || c.DBBatchMax > 1000 {
+		bad("IDEMPROXY_DB_BATCH_MAX", "must be between 1 and 1000, got %d", c.DBBatchMax)
+	}
+	if c.DBBatchesInFlight < 1 || c.DBBatchesInFlight > 1000 {
+		bad("IDEMPROXY_DB_BATCHES_IN_FLIGHT", "must be between 1 and 1000, got %d", c.DBBatchesInFlight)
 	}
 	if c.DBStatementTimeout < time.Millisecond {
 		bad("IDEMPROXY_DB_STATEMENT_TIMEOUT", "must be at least 1ms, got %s", c.DBStatementTimeout)
