@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -118,6 +119,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.IntVar(&maxConns, "db-max-conns", 20, "Postgres pool size of idemproxy-postgres (IDEMPROXY_DB_MAX_CONNS default: 20)")
 	fs.StringVar(&pgbench, "pgbench", "auto", "pgbench binary: auto (PATH, then /usr/lib/postgresql/*/bin), a path, or off")
 	fs.IntVar(&o.PgBenchThreads, "pgbench-threads", 2, "pgbench -j")
+	fs.IntVar(&o.PgBenchBatch, "pgbench-batch", 0, "also run the batched pgbench script, this many commands per statement, each round (0: off)")
+	var sweep string
+	fs.StringVar(&sweep, "sweep-clients", "", "Postgres sweep: keyed unique keys on bare, idemproxy-postgres and idemproxy-postgres-unbatched, and pgbench, at each of these client counts each round (e.g. 1,8,32,128)")
 	fs.StringVar(&logLevel, "log-level", "info", "idemproxy access log level (JSON to io.Discard: formatting cost, no I/O): debug, info, warn, error or off")
 	fs.StringVar(&targets, "targets", strings.Join(allTargets, ","), "targets to measure, comma-separated")
 	fs.StringVar(&scenes, "scenarios", strings.Join(allScenarios, ","), "scenarios to measure, comma-separated")
@@ -136,11 +140,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, out, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.DBMaxConns = int32(maxConns)
+	for _, c := range splitList(sweep) {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			return o, out, fmt.Errorf("-sweep-clients: %q is not a number", c)
+		}
+		o.SweepClients = append(o.SweepClients, n)
+	}
 	o.LogLevel = logLevel
 	o.Targets = splitList(targets)
 	o.Scenarios = splitList(scenes)
 	if o.DatabaseURL == "" {
-		o.Targets = without(o.Targets, targetPostgres)
+		o.Targets = without(without(o.Targets, targetPostgres), targetPostgresUnbatched)
 	}
 	switch pgbench {
 	case "off", "":
@@ -199,6 +210,7 @@ func readReport(name string) (*Report, error) {
 		return nil, fmt.Errorf("-report %s: %w", name, err)
 	}
 	rep.Results, rep.AddedP99Ms, rep.PostgresToPgBench, rep.StoreToPgBench, rep.Checks = nil, nil, nil, nil, nil
+	rep.SweepResults = nil
 	rep.summarise()
 	return &rep, nil
 }

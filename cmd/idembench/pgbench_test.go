@@ -12,65 +12,89 @@ import (
 	"testing"
 )
 
-// storeSource is the Postgres store whose statements the pgbench script
-// repeats.
-const storeSource = "../../store/postgres.go"
+// storeSources are the Postgres store's files whose statements the
+// pgbench scripts repeat.
+var storeSources = []string{"../../store/postgres.go", "../../store/pgbatch.go"}
 
-// scriptParams map each statement's $n to what the pgbench script writes
-// in its place (see the script's header).
+// batchArray is what the batched script writes for an array parameter
+// holding :batch copies of one value.
+func batchArray(v string) string { return "array_fill(" + v + ", ARRAY[:batch::int])" }
+
+// batchKeys is the batched script's array of keys: :key-1 … :key-:batch.
+const batchKeys = "(SELECT array_agg(:key::text || '-' || g) FROM generate_series(1, :batch::int) AS g)"
+
+// scriptParams map each statement's $n to what the pgbench scripts write
+// in its place (see the scripts' headers).
 var scriptParams = map[string]map[int]string{
 	"claimSQL": {1: ":tenant", 2: ":key", 3: ":command_id", 4: ":command_type",
 		5: ":owner", 6: ":fingerprint", 7: ":lease_us", 8: ":grace_us"},
 	"completeSQL": {1: ":tenant", 2: ":key", 3: ":owner", 4: ":status",
 		5: "NULL", 6: "NULL", 7: "NULL", 8: ":ttl_us"},
+	"claimBatchSQL": {1: batchArray(":tenant::uuid"), 2: batchKeys, 3: batchArray(":command_id::uuid"),
+		4: batchArray(":command_type::text"), 5: batchArray(":owner::uuid"), 6: batchArray(":fingerprint::bytea"),
+		7: batchArray(":lease_us::bigint"), 8: ":grace_us"},
+	"completeBatchSQL": {1: batchArray(":tenant::uuid"), 2: batchKeys, 3: batchArray(":owner::uuid"),
+		4: batchArray(":status::int"), 5: batchArray("NULL::text"), 6: batchArray("NULL::bytea"),
+		7: batchArray("NULL::bool"), 8: batchArray(":ttl_us::bigint")},
 }
 
-// TestPgbenchScriptMatchesStore fails when claim_complete.pgbench no longer
-// runs the statements store.Postgres runs: the store's constants are read
-// from its source, their parameters replaced as the script's header says,
-// and both compared with whitespace collapsed.
+// TestPgbenchScriptMatchesStore fails when a pgbench script no longer runs
+// the statements store.Postgres runs: the store's constants are read from
+// its source, their parameters replaced as the script's header says, and
+// both compared with whitespace collapsed.
 func TestPgbenchScriptMatchesStore(t *testing.T) {
-	consts := stringConsts(t, storeSource)
-	got := scriptStatements(t, string(pgbenchScript))
-	if len(got) != 2 {
-		t.Fatalf("the script has %d SQL statements, want 2 (claim, complete): %q", len(got), got)
-	}
-	for i, name := range []string{"claimSQL", "completeSQL"} {
-		sql, ok := consts[name]
-		if !ok {
-			t.Fatalf("%s: no constant %s: update the script and this test with the store", storeSource, name)
+	consts := storeConsts(t)
+	for _, sc := range []struct {
+		name       string
+		script     []byte
+		statements []string
+	}{
+		{"claim_complete.pgbench", pgbenchScript, []string{"claimSQL", "completeSQL"}},
+		{"claim_complete_batched.pgbench", pgbenchBatchedScript, []string{"claimBatchSQL", "completeBatchSQL"}},
+	} {
+		got := scriptStatements(t, string(sc.script))
+		if len(got) != len(sc.statements) {
+			t.Fatalf("%s has %d SQL statements, want %d (%v): %q", sc.name, len(got), len(sc.statements), sc.statements, got)
 		}
-		want := normaliseSQL(substituteParams(t, name, sql))
-		if g := normaliseSQL(got[i]); g != want {
-			t.Errorf("statement %d of claim_complete.pgbench differs from store %s:\n got: %s\nwant: %s\nfirst difference at byte %d",
-				i+1, name, g, want, firstDiff(g, want))
+		for i, name := range sc.statements {
+			sql, ok := consts[name]
+			if !ok {
+				t.Fatalf("%v: no constant %s: update the script and this test with the store", storeSources, name)
+			}
+			want := normaliseSQL(substituteParams(t, name, sql))
+			if g := normaliseSQL(got[i]); g != want {
+				t.Errorf("statement %d of %s differs from store %s:\n got: %s\nwant: %s\nfirst difference at byte %d",
+					i+1, sc.name, name, g, want, firstDiff(g, want))
+			}
 		}
 	}
 }
 
-// stringConsts evaluates the file's string constants: literals, other
-// constants of the file and + between them.
-func stringConsts(t *testing.T, path string) map[string]string {
+// storeConsts evaluates the string constants of the store's files:
+// literals, other constants and + between them.
+func storeConsts(t *testing.T) map[string]string {
 	t.Helper()
-	src, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := parser.ParseFile(token.NewFileSet(), path, src, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	exprs := map[string]ast.Expr{}
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
+	for _, path := range storeSources {
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, s := range gd.Specs {
-			vs := s.(*ast.ValueSpec)
-			for i, n := range vs.Names {
-				if i < len(vs.Values) {
-					exprs[n.Name] = vs.Values[i]
+		f, err := parser.ParseFile(token.NewFileSet(), path, src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, s := range gd.Specs {
+				vs := s.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if i < len(vs.Values) {
+						exprs[n.Name] = vs.Values[i]
+					}
 				}
 			}
 		}

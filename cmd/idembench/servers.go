@@ -122,8 +122,9 @@ type env struct {
 	up      *upstream
 	targets []*target
 	tenant  string
-	// pg is set when the Postgres target runs; pgURL has search_path set
-	// to the run's own schema.
+	// pg is set when a Postgres target runs (the batched store, as
+	// cmd/idemproxy opens it by default); pgURL has search_path set to the
+	// run's own schema.
 	pg     *store.Postgres
 	pgURL  string
 	closes []func()
@@ -166,8 +167,12 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 	e.closes = append(e.closes, upSrv.close)
 	upURL, _ := url.Parse(upSrv.url)
 
+	clients := opts.Clients
+	for _, c := range opts.SweepClients {
+		clients = max(clients, c)
+	}
 	add := func(name, u string) {
-		c := newClient(opts.Clients)
+		c := newClient(clients)
 		e.closes = append(e.closes, c.CloseIdleConnections)
 		e.targets = append(e.targets, &target{name: name, url: u, client: c})
 	}
@@ -200,13 +205,23 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
-		case targetPostgres:
-			pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
-			if err != nil {
-				return nil, err
+		case targetPostgres, targetPostgresUnbatched:
+			if e.pg == nil {
+				pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
+				if err != nil {
+					return nil, err
+				}
+				e.closes = append(e.closes, closePG)
+				e.pg, e.pgURL = pg, pgURL
 			}
-			e.closes = append(e.closes, closePG)
-			e.pg, e.pgURL = pg, pgURL
+			pg := e.pg
+			if name == targetPostgresUnbatched {
+				pg, err = store.NewPostgres(ctx, store.PostgresOptions{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true})
+				if err != nil {
+					return nil, err
+				}
+				e.closes = append(e.closes, pg.Close)
+			}
 			// As cmd/idemproxy runs it: replays answered from the
 			// per-replica record cache (IDEMPROXY_RECORD_CACHE_* defaults).
 			cachedPG := proxy.CacheRecords(pg, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
