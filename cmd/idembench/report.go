@@ -41,7 +41,7 @@ type Report struct {
 	Sweep        []measurement  `json:"sweep,omitempty"`
 	SweepPgBench []pgbenchRound `json:"sweep_pgbench,omitempty"`
 	SweepResults []sweepResult  `json:"sweep_results,omitempty"`
-	Memory         *memoryResult `json:"memory,omitempty"`
+	Memory       *memoryResult  `json:"memory,omitempty"`
 	// Checks are issue 4's targets, each met or not.
 	Checks       []check       `json:"targets"`
 	Measurements []measurement `json:"measurements"`
