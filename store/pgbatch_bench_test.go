@@ -45,11 +45,15 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 		modes = regexp.MustCompile(`\s*,\s*`).Split(m, -1)
 	}
 	inFlight, _ := strconv.Atoi(os.Getenv("IDEMPROXY_BENCH_IN_FLIGHT"))
-	var batches, batched atomic.Int64
+	var batches, batched, cbatches, cbatched atomic.Int64
 	batchOpts := PostgresOptions{URL: dbURL, BatchesInFlight: inFlight, ObserveBatch: func(op string, n int) {
-		if op == "claim" {
+		switch op {
+		case "claim":
 			batches.Add(1)
 			batched.Add(int64(n))
+		case "complete":
+			cbatches.Add(1)
+			cbatched.Add(int64(n))
 		}
 	}}
 	stores := map[string]*Postgres{
@@ -75,6 +79,8 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 					p := stores[mode]
 					batches.Store(0)
 					batched.Store(0)
+					cbatches.Store(0)
+					cbatched.Store(0)
 					b.ReportAllocs()
 					b.ResetTimer()
 					var done atomic.Int64
@@ -99,6 +105,7 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cmd/s")
 					if n := batches.Load(); n > 0 {
 						b.ReportMetric(float64(batched.Load())/float64(n), "claims/batch")
+						b.ReportMetric(float64(cbatched.Load())/float64(cbatches.Load()), "completes/batch")
 					}
 				})
 			}

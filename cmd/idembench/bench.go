@@ -67,10 +67,14 @@ type options struct {
 	Scenarios []string
 	LogLevel  string
 
-	DatabaseURL    string
-	DBMaxConns     int32
-	PgBench        string
-	PgBenchThreads int
+	DatabaseURL string
+	DBMaxConns  int32
+	// DBBatchMax and DBBatchesInFlight are idemproxy-postgres's group
+	// commit settings (IDEMPROXY_DB_BATCH_MAX, IDEMPROXY_DB_BATCHES_IN_FLIGHT).
+	DBBatchMax        int
+	DBBatchesInFlight int
+	PgBench           string
+	PgBenchThreads    int
 	// PgBenchBatch, when positive, adds a run of the batched pgbench
 	// script at that batch size each round.
 	PgBenchBatch int

@@ -117,6 +117,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		"Postgres URL; adds the idemproxy-postgres target and pgbench (env IDEMPROXY_BENCH_DATABASE_URL)")
 	var maxConns int
 	fs.IntVar(&maxConns, "db-max-conns", 20, "Postgres pool size of idemproxy-postgres (IDEMPROXY_DB_MAX_CONNS default: 20)")
+	fs.IntVar(&o.DBBatchMax, "db-batch-max", 64, "idemproxy-postgres's IDEMPROXY_DB_BATCH_MAX")
+	fs.IntVar(&o.DBBatchesInFlight, "db-batches-in-flight", 2, "idemproxy-postgres's IDEMPROXY_DB_BATCHES_IN_FLIGHT")
 	fs.StringVar(&pgbench, "pgbench", "auto", "pgbench binary: auto (PATH, then /usr/lib/postgresql/*/bin), a path, or off")
 	fs.IntVar(&o.PgBenchThreads, "pgbench-threads", 2, "pgbench -j")
 	fs.IntVar(&o.PgBenchBatch, "pgbench-batch", 0, "also run the batched pgbench script, this many commands per statement, each round (0: off)")

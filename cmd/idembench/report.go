@@ -60,8 +60,12 @@ type runConfig struct {
 	GroupSize  int       `json:"racing_group_size"`
 	LogLevel   string    `json:"log_level"`
 	DBMaxConns int32     `json:"db_max_conns,omitempty"`
-	PgBench    string    `json:"pgbench,omitempty"`
-	LoadGen    string    `json:"load_generator"`
+	// DBBatchMax and DBBatchesInFlight are the group commit settings of
+	// idemproxy-postgres.
+	DBBatchMax        int    `json:"db_batch_max,omitempty"`
+	DBBatchesInFlight int    `json:"db_batches_in_flight,omitempty"`
+	PgBench           string `json:"pgbench,omitempty"`
+	LoadGen           string `json:"load_generator"`
 	// LoadAvg is /proc/loadavg when the run started and ended: other
 	// work on the machine shows there.
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
@@ -87,6 +91,7 @@ func newRunConfig(o options) runConfig {
 	}
 	if o.DatabaseURL != "" {
 		c.DBMaxConns = o.DBMaxConns
+		c.DBBatchMax, c.DBBatchesInFlight = o.DBBatchMax, o.DBBatchesInFlight
 		c.PgBench = o.PgBench
 	}
 	return c

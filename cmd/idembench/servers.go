@@ -306,7 +306,9 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
 	}
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{URL: dbURL, MaxConns: opts.DBMaxConns})
+	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
+		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight,
+	})
 	if err != nil {
 		drop()
 		return nil, "", nil, err
@@ -316,7 +318,8 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, err
 	}
-	fmt.Fprintf(progress, "postgres: schema %s (dropped at the end), pool of %d connections\n", schema, opts.DBMaxConns)
+	fmt.Fprintf(progress, "postgres: schema %s (dropped at the end), pool of %d connections, group commit of up to %d operations, %d statements of a kind in flight\n",
+		schema, opts.DBMaxConns, opts.DBBatchMax, opts.DBBatchesInFlight)
 	return pg, dbURL, func() { pg.Close(); drop() }, nil
 }
 
