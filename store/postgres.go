@@ -80,9 +80,6 @@ type Postgres struct {
 	log       *slog.Logger
 	// batches is nil when unbatched.
 	batches *pgBatchers
-	// pipeline makes batches pipelines of single statements instead of
-	// one statement over arrays (measured in pgbatch_test.go).
-	pipeline bool
 }
 
 // NewPostgres returns a store backed by a pool of connections to opts.URL.
