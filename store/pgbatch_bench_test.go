@@ -30,13 +30,14 @@ import (
 //
 //	go test -run - -bench GroupCommit -benchtime 3s ./store/
 //
-// IDEMPROXY_BENCH_ROUNDS sets the rounds (default 3).
+// IDEMPROXY_BENCH_ROUNDS sets the rounds (default 3), IDEMPROXY_BENCH_MODES
+// the modes (default unbatched,batched,pgbench) and
+// IDEMPROXY_BENCH_IN_FLIGHT the batched store's BatchesInFlight.
 func BenchmarkPostgresGroupCommit(b *testing.B) {
 	dbURL := testDatabase(b)
-	rounds, _ := strconv.Atoi(os.Getenv("IDEMPROXY_BENCH_ROUNDS"))
-	rounds = max(rounds, 1)
-	if os.Getenv("IDEMPROXY_BENCH_ROUNDS") == "" {
-		rounds = 3
+	rounds := 3
+	if n, err := strconv.Atoi(os.Getenv("IDEMPROXY_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
 	}
 	modes := []string{"unbatched", "batched", "pgbench"}
 	if m := os.Getenv("IDEMPROXY_BENCH_MODES"); m != "" {
