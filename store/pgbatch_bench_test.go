@@ -31,7 +31,8 @@ import (
 //	go test -run - -bench GroupCommit -benchtime 3s ./store/
 //
 // IDEMPROXY_BENCH_ROUNDS sets the rounds (default 3), IDEMPROXY_BENCH_MODES
-// the modes (default unbatched,batched,pgbench) and
+// the modes (default unbatched,batched,pgbench; unbatched-exec and
+// batched-exec run the stores in pgx's exec mode, as through PgBouncer) and
 // IDEMPROXY_BENCH_IN_FLIGHT the batched store's BatchesInFlight.
 func BenchmarkPostgresGroupCommit(b *testing.B) {
 	dbURL := testDatabase(b)
@@ -55,9 +56,15 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 			cbatched.Add(int64(n))
 		}
 	}}
+	execOpts := batchOpts
+	execOpts.URL = withParam(b, dbURL, "default_query_exec_mode", "exec")
 	stores := map[string]*Postgres{
 		"unbatched": newTestPostgres(b, PostgresOptions{URL: dbURL, Unbatched: true}),
 		"batched":   newTestPostgres(b, batchOpts),
+		// As through PgBouncer in transaction mode: no prepared
+		// statements, every statement parsed and planned.
+		"unbatched-exec": newTestPostgres(b, PostgresOptions{URL: execOpts.URL, Unbatched: true}),
+		"batched-exec":   newTestPostgres(b, execOpts),
 	}
 	tenant := uuid.New()
 	b.Cleanup(func() { execSQL(b, dbURL, "DELETE FROM idempotency_keys WHERE tenant_id = $1", tenant) })
