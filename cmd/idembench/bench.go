@@ -269,7 +269,9 @@ func (e *env) sweep(ctx context.Context, opts options, rep *Report, pgb *pgbench
 			if t.name != targetBare && t.name != targetPostgres && t.name != targetPostgresUnbatched {
 				continue
 			}
-			m, err := e.measure(ctx, opts, clients, scenarioKeyed, t, round, opts.Duration, runID)
+			// Keys of their own: the main scenarios may have run with as
+			// many clients.
+			m, err := e.measure(ctx, opts, clients, scenarioKeyed, t, round, opts.Duration, runID+"-sweep")
 			if err != nil {
 				return err
 			}
