@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -59,20 +58,7 @@ const claimBatchSQL = `WITH input AS MATERIALIZED (
 		now() + (in_lease_us + $8::bigint) * interval '1 microsecond'
 	FROM input
 	ORDER BY ord
-	ON CONFLICT (tenant_id, key) DO UPDATE SET
-		command_id = excluded.command_id,
-		command_type = excluded.command_type,
-		state = excluded.state,
-		owner_token = excluded.owner_token,
-		fingerprint = excluded.fingerprint,
-		created_at = excluded.created_at,
-		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
-		status = NULL,
-		resp_headers = NULL,
-		resp_body = NULL,
-		resp_truncated = NULL
-	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()
+	` + claimTakeover + `
 	RETURNING tenant_id, key, ` + entryColumns + `
 )
 SELECT i.ord, true, ` + entryNames + `
@@ -198,7 +184,7 @@ func (p *Postgres) runClaims(ops []*claimOp) {
 	var rows []int
 	for start := 0; start < len(ops); {
 		end := start + 1
-		for end < len(ops) && ops[end].req.Tenant == ops[start].req.Tenant && ops[end].req.Key == ops[start].req.Key {
+		for end < len(ops) && compareKeys(ops[end].req.Tenant, ops[end].req.Key, ops[start].req.Tenant, ops[start].req.Key) == 0 {
 			end++
 		}
 		l := start
@@ -267,18 +253,11 @@ func (p *Postgres) runClaims(ops []*claimOp) {
 func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, results []idemproxy.ClaimResult) ([]int, error) {
 	if len(idx) == 1 {
 		// A batch of one costs the database less as the single statement.
-		i := idx[0]
-		c := &ops[i].req
-		var claimed bool
-		e, err := scanEntry(p.pool.QueryRow(ctx, claimSQL, claimParams(c, p.graceUS)...), &claimed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return idx, nil
-		}
-		if err != nil {
+		res, shown, err := p.claimOnce(ctx, &ops[idx[0]].req)
+		if err != nil || !shown {
 			return idx, err
 		}
-		e.Tenant, e.Key = c.Tenant, c.Key
-		results[i] = idemproxy.ClaimResult{Claimed: claimed, Entry: e}
+		results[idx[0]] = res
 		return nil, nil
 	}
 	n := len(idx)

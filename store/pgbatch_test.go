@@ -150,6 +150,41 @@ func runAll(fs ...func()) (wait func()) {
 	return wg.Wait
 }
 
+// queueBehind calls each f, an operation of the probe, on a goroutine of
+// its own, and waits until all of them wait in the probe's queues behind
+// the stalled statement. wait waits for them to return.
+func (bp *batchProbe) queueBehind(t *testing.T, fs ...func()) (wait func()) {
+	t.Helper()
+	wait = runAll(fs...)
+	poll(t, fmt.Sprintf("%d operations queue", len(fs)), func() bool {
+		claims, _ := queued(bp.batches.claims)
+		completes, _ := queued(bp.batches.completes)
+		releases, _ := queued(bp.batches.releases)
+		return claims+completes+releases == len(fs)
+	})
+	return wait
+}
+
+// inOneBatch runs fs in one batch: queued behind the stalled statement,
+// which is let go once they all wait.
+func (bp *batchProbe) inOneBatch(t *testing.T, unlock func(), stalled <-chan struct{}, fs ...func()) {
+	t.Helper()
+	wait := bp.queueBehind(t, fs...)
+	unlock()
+	<-stalled
+	wait()
+}
+
+// claimFuncs returns one function per claim, claiming it with the probe
+// into results[i] and errs[i].
+func (bp *batchProbe) claimFuncs(t *testing.T, claims []idemproxy.Claim) (results []idemproxy.ClaimResult, errs []error, fs []func()) {
+	results, errs = make([]idemproxy.ClaimResult, len(claims)), make([]error, len(claims))
+	for i := range claims {
+		fs = append(fs, func() { results[i], errs[i] = bp.Claim(t.Context(), claims[i]) })
+	}
+	return results, errs, fs
+}
+
 // TestBatchSameKeyTwice: two claims of one (tenant, key) in one
 // statement. Exactly one claims it, the other sees that lock; the
 // statement does not fail (ON CONFLICT touching a row twice, SQLSTATE
@@ -165,17 +200,8 @@ func TestBatchSameKeyTwice(t *testing.T) {
 		newClaim(tenant, "twice", "a"), newClaim(tenant, "twice", "b"),
 		newClaim(tenant, "other-1", "a"), newClaim(tenant, "other-2", "a"),
 	}
-	results := make([]idemproxy.ClaimResult, len(claims))
-	errs := make([]error, len(claims))
-	var fs []func()
-	for i := range claims {
-		fs = append(fs, func() { results[i], errs[i] = p.Claim(t.Context(), claims[i]) })
-	}
-	wait := runAll(fs...)
-	poll(t, "the claims queue", func() bool { n, _ := queued(p.batches.claims); return n == len(claims) })
-	unlock()
-	<-stalled
-	wait()
+	results, errs, fs := p.claimFuncs(t, claims)
+	p.inOneBatch(t, unlock, stalled, fs...)
 
 	if got := p.batchSizes("claim"); got[len(got)-1] != len(claims) {
 		t.Fatalf("batch sizes %v: the claims did not go in one batch of %d", got, len(claims))
@@ -239,15 +265,7 @@ func TestBatchCompleteAndReleaseOncePerKey(t *testing.T) {
 			for i := range cases {
 				fs = append(fs, func() { errs[i] = do(cases[i]) })
 			}
-			wait := runAll(fs...)
-			poll(t, "the operations queue", func() bool {
-				completes, _ := queued(p.batches.completes)
-				releases, _ := queued(p.batches.releases)
-				return completes+releases == len(cases)
-			})
-			unlock()
-			<-stalled
-			wait()
+			p.inOneBatch(t, unlock, stalled, fs...)
 
 			if blockErr != nil {
 				t.Errorf("%s of the stalled key: %v", op, blockErr)
@@ -312,17 +330,8 @@ func TestBatchTakesOverEndedLeases(t *testing.T) {
 		newClaim(tenant, liveLock.Key, "x"), newClaim(tenant, liveRecord.Key, "x"),
 		newClaim(tenant, endedLock.Key, "x"), newClaim(tenant, expiredRecord.Key, "x"),
 	}
-	results := make([]idemproxy.ClaimResult, len(retries))
-	errs := make([]error, len(retries))
-	var fs []func()
-	for i := range retries {
-		fs = append(fs, func() { results[i], errs[i] = p.Claim(t.Context(), retries[i]) })
-	}
-	wait := runAll(fs...)
-	poll(t, "the claims queue", func() bool { n, _ := queued(p.batches.claims); return n == len(retries) })
-	unlock()
-	<-stalled
-	wait()
+	results, errs, fs := p.claimFuncs(t, retries)
+	p.inOneBatch(t, unlock, stalled, fs...)
 	if sizes := p.batchSizes("claim"); sizes[len(sizes)-1] != len(retries) {
 		t.Fatalf("batch sizes %v: the claims did not go in one batch", sizes)
 	}
@@ -353,11 +362,7 @@ func TestBatchTakesOverEndedLeases(t *testing.T) {
 	for i := range completions {
 		fs = append(fs, func() { errs[i] = p.Complete(t.Context(), completion(completions[i], 202, nil)) })
 	}
-	wait = runAll(fs...)
-	poll(t, "the completions queue", func() bool { n, _ := queued(p.batches.completes); return n == len(completions) })
-	unlock()
-	<-stalled
-	wait()
+	p.inOneBatch(t, unlock, stalled, fs...)
 	for i := range 2 {
 		if !errors.Is(errs[i], idemproxy.ErrNotOwner) {
 			t.Errorf("late completion by the old owner of %q: got %v, want ErrNotOwner", completions[i].Key, errs[i])
@@ -389,17 +394,8 @@ func TestBatchRejectedRowSparesItsNeighbours(t *testing.T) {
 	claims := []idemproxy.Claim{
 		newClaim(tenant, "good-1", "x"), newClaim(tenant, strings.Repeat("k", 256), "x"), newClaim(tenant, "good-2", "x"),
 	}
-	results := make([]idemproxy.ClaimResult, len(claims))
-	errs := make([]error, len(claims))
-	var fs []func()
-	for i := range claims {
-		fs = append(fs, func() { results[i], errs[i] = p.Claim(t.Context(), claims[i]) })
-	}
-	wait := runAll(fs...)
-	poll(t, "the claims queue", func() bool { n, _ := queued(p.batches.claims); return n == len(claims) })
-	unlock()
-	<-stalled
-	wait()
+	results, errs, fs := p.claimFuncs(t, claims)
+	p.inOneBatch(t, unlock, stalled, fs...)
 	if sizes := p.batchSizes("claim"); sizes[len(sizes)-1] != len(claims) {
 		t.Fatalf("batch sizes %v: the claims did not go in one batch", sizes)
 	}
@@ -427,11 +423,7 @@ func TestBatchRejectedRowSparesItsNeighbours(t *testing.T) {
 		}
 		fs = append(fs, func() { errs[i] = p.Complete(t.Context(), completion(c, status, nil)) })
 	}
-	wait = runAll(fs...)
-	poll(t, "the completions queue", func() bool { n, _ := queued(p.batches.completes); return n == len(statuses) })
-	unlock()
-	<-stalled
-	wait()
+	p.inOneBatch(t, unlock, stalled, fs...)
 	if errs[1] == nil || errors.Is(errs[1], idemproxy.ErrUnavailable) || errors.Is(errs[1], idemproxy.ErrNotOwner) {
 		t.Errorf("completion with status 99: got %v, want a rejection", errs[1])
 	}
@@ -466,14 +458,8 @@ func TestBatchFailureFailsClosed(t *testing.T) {
 		newClaim(tenant, "a-1", "x"), newClaim(tenant, "a-2", "x"), newClaim(tenant, "m-block", "x"),
 		newClaim(tenant, "z-1", "x"), newClaim(tenant, "z-2", "x"),
 	}
-	results := make([]idemproxy.ClaimResult, len(claims))
-	errs := make([]error, len(claims))
-	var fs []func()
-	for i := range claims {
-		fs = append(fs, func() { results[i], errs[i] = p.Claim(t.Context(), claims[i]) })
-	}
-	wait := runAll(fs...)
-	poll(t, "the claims queue", func() bool { n, _ := queued(p.batches.claims); return n == len(claims) })
+	results, errs, fs := p.claimFuncs(t, claims)
+	wait := p.queueBehind(t, fs...)
 	unlock()
 	<-stalled
 	// The batch of five now runs and waits on m-block: kill it.
@@ -528,14 +514,13 @@ func TestBatchCallerGivesUp(t *testing.T) {
 		t.Errorf("caller that gave up while queued: got %v, want ErrUnavailable and context.Canceled", queuedErr)
 	}
 
-	wait := runAll(
+	wait := p.queueBehind(t,
 		func() {
 			defer close(sentReturned)
 			sentRes, sentErr = p.Claim(sentCtx, newClaim(tenant, "gave-up-sent", "x"))
 		},
 		func() { stayRes, stayErr = p.Claim(t.Context(), newClaim(tenant, "block-2", "x")) },
 	)
-	poll(t, "two claims queue", func() bool { n, _ := queued(p.batches.claims); return n == 2 })
 	unlock1()
 	<-stalled
 	p.waitingOnLock(t, 1) // the batch of gave-up-sent and block-2

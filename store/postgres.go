@@ -161,6 +161,24 @@ const entryColumns = `state, command_id, command_type, fingerprint, created_at,
 	(extract(epoch FROM COALESCE(lease_expires_at, expires_at) - clock_timestamp()) * 1000000)::bigint AS remaining_us,
 	COALESCE(status, 0) AS status, resp_headers, resp_body, resp_truncated`
 
+// claimTakeover makes an INSERT INTO idempotency_keys AS k a claim: a
+// row whose lease or record has ended is taken over, a live one is left
+// as it is (and not returned).
+const claimTakeover = `ON CONFLICT (tenant_id, key) DO UPDATE SET
+		command_id = excluded.command_id,
+		command_type = excluded.command_type,
+		state = excluded.state,
+		owner_token = excluded.owner_token,
+		fingerprint = excluded.fingerprint,
+		created_at = excluded.created_at,
+		lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at,
+		status = NULL,
+		resp_headers = NULL,
+		resp_body = NULL,
+		resp_truncated = NULL
+	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()`
+
 // claimSQL inserts a lock, or takes over a row whose lease or record has
 // ended, in one statement. When the row is live it is returned unchanged
 // with claimed false. Under READ COMMITTED the second SELECT reads the
@@ -174,20 +192,7 @@ const claimSQL = `WITH ins AS (
 	VALUES ($1, $2, $3, $4, 'in_flight', $5, $6,
 		now(), now() + $7::bigint * interval '1 microsecond',
 		now() + ($7::bigint + $8::bigint) * interval '1 microsecond')
-	ON CONFLICT (tenant_id, key) DO UPDATE SET
-		command_id = excluded.command_id,
-		command_type = excluded.command_type,
-		state = excluded.state,
-		owner_token = excluded.owner_token,
-		fingerprint = excluded.fingerprint,
-		created_at = excluded.created_at,
-		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
-		status = NULL,
-		resp_headers = NULL,
-		resp_body = NULL,
-		resp_truncated = NULL
-	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()
+	` + claimTakeover + `
 	RETURNING ` + entryColumns + `
 )
 SELECT true, * FROM ins
@@ -252,19 +257,30 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // claimOne runs claimSQL until it shows the row.
 func (p *Postgres) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	for range claimAttempts {
-		row := p.pool.QueryRow(ctx, claimSQL, claimParams(&c, p.graceUS)...)
-		var claimed bool
-		e, err := scanEntry(row, &claimed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
+		res, shown, err := p.claimOnce(ctx, &c)
 		if err != nil {
 			return idemproxy.ClaimResult{}, failure("claim", err)
 		}
-		e.Tenant, e.Key = c.Tenant, c.Key
-		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
+		if shown {
+			return res, nil
+		}
 	}
 	return idemproxy.ClaimResult{}, errClaimOutOfSight
+}
+
+// claimOnce runs claimSQL once. shown is false when the statement's
+// snapshot hid the conflicting row; the driver's error is returned as is.
+func (p *Postgres) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+	var claimed bool
+	e, err := scanEntry(p.pool.QueryRow(ctx, claimSQL, claimParams(c, p.graceUS)...), &claimed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	e.Tenant, e.Key = c.Tenant, c.Key
+	return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, true, nil
 }
 
 // claimParams are claimSQL's parameters.
