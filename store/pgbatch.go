@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math/bits"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,6 +38,12 @@ import (
 //     repeats a key needs nothing of the kind: the row changes once and
 //     only the input row that changed it is returned, as if the two had
 //     been sent one after the other.
+//   - A batched statement is prepared again, and so planned again, each
+//     time the operations it has carried double (replannedSQL): a generic
+//     plan made while the table was small (a seq scan is then cheapest)
+//     would otherwise serve it at any size, for as long as nothing
+//     ANALYZEs the table (autovacuum off), and every batch would read the
+//     whole table.
 //   - A statement that fails answers every caller in it with the failure
 //     (ErrUnavailable: fail closed); one that the database rejects as
 //     invalid (SQLSTATE classes 22 and 23) is retried one statement per
@@ -133,15 +142,46 @@ type (
 	releaseOp  = batchOp[releaseArgs, struct{}]
 )
 
-// pgBatchers are the store's three batchers.
+// pgBatchers are the store's three batchers and their statements.
 type pgBatchers struct {
 	claims    *batcher[idemproxy.Claim, idemproxy.ClaimResult]
 	completes *batcher[completeArgs, struct{}]
 	releases  *batcher[releaseArgs, struct{}]
+
+	claimSQL, completeSQL, releaseSQL *replannedSQL
+}
+
+// replanEpochs bounds how often a batched statement is planned again:
+// after 2^24 operations the table has long been as large as it gets.
+const replanEpochs = 24
+
+// replannedSQL is a batched statement whose text changes, by a comment,
+// each time the operations it carried double, so that every connection
+// prepares and plans it again: the plan follows the table as it grows.
+type replannedSQL struct {
+	texts [replanEpochs + 1]string
+	sent  atomic.Uint64
+}
+
+func newReplannedSQL(sql string) *replannedSQL {
+	s := &replannedSQL{}
+	for i := range s.texts {
+		s.texts[i] = sql + "\n-- plan " + strconv.Itoa(i)
+	}
+	return s
+}
+
+// next returns the text for a statement carrying n more operations.
+func (s *replannedSQL) next(n int) string {
+	return s.texts[min(bits.Len64(s.sent.Add(uint64(n))), replanEpochs)]
 }
 
 func newBatchers(p *Postgres, opts PostgresOptions) *pgBatchers {
 	return &pgBatchers{
+		claimSQL:    newReplannedSQL(claimBatchSQL),
+		completeSQL: newReplannedSQL(completeBatchSQL),
+		releaseSQL:  newReplannedSQL(releaseBatchSQL),
+
 		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
 			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
 			run: p.runClaims, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
@@ -270,7 +310,7 @@ func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, res
 		keys[j], types[j] = c.Key, c.CommandType
 		fingerprints[j], leases[j] = c.Fingerprint[:], c.Lease.Microseconds()
 	}
-	rows, err := p.pool.Query(ctx, claimBatchSQL, tenants, keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
+	rows, err := p.pool.Query(ctx, p.batches.claimSQL.next(n), tenants, keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
 	if err != nil {
 		return idx, err
 	}
@@ -376,7 +416,7 @@ func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp) ([]bool,
 			truncated[j] = pgtype.Bool{Bool: *a.truncated, Valid: true}
 		}
 	}
-	return p.casRows(ctx, n, completeBatchSQL, tenants, keys, owners, statuses, headers, bodies, truncated, ttls)
+	return p.casRows(ctx, n, p.batches.completeSQL.next(n), tenants, keys, owners, statuses, headers, bodies, truncated, ttls)
 }
 
 // releaseRows runs one release statement for ops and reports which of
@@ -391,7 +431,7 @@ func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp) ([]bool, e
 	for j, o := range ops {
 		tenants[j], owners[j], keys[j] = pgUUID(o.req.tenant), pgUUID(o.req.owner), o.req.key
 	}
-	return p.casRows(ctx, n, releaseBatchSQL, tenants, keys, owners)
+	return p.casRows(ctx, n, p.batches.releaseSQL.next(n), tenants, keys, owners)
 }
 
 // casOne runs a single-row compare-and-swap statement and reports whether
