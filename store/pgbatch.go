@@ -24,8 +24,9 @@ import (
 // pipeline of the single statements in one implicit transaction shares
 // the round trip and the commit too, but each statement still pays its
 // own executor start-up: measured at 32 and 128 concurrent callers it
-// cost the database 1.6–2.7× the CPU per command of one statement over
-// arrays, for 0.6–0.7× the throughput; see BenchmarkPostgresGroupCommit.)
+// cost the database 1.7–2.7× the CPU per command of one statement over
+// arrays, for 0.5–0.7× the throughput, in BenchmarkPostgresGroupCommit
+// as it was before the variant was removed; README, "Group commit".)
 //
 // Rules every batched statement keeps:
 //   - Rows are touched in one global order, (tenant, key) by bytes, so two
