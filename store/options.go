@@ -42,6 +42,12 @@ func (o PostgresOptions) Validate() error {
 	if o.StatementTimeout != 0 && o.StatementTimeout < time.Millisecond {
 		errs.Add("StatementTimeout", "must be at least 1ms, got %s", o.StatementTimeout)
 	}
+	if o.MaxBatch < 0 {
+		errs.Add("MaxBatch", "must be positive, got %d", o.MaxBatch)
+	}
+	if o.BatchesInFlight < 0 {
+		errs.Add("BatchesInFlight", "must be positive, got %d", o.BatchesInFlight)
+	}
 	for field, d := range map[string]time.Duration{"OpTimeout": o.OpTimeout, "LockGrace": o.LockGrace} {
 		if d < 0 {
 			errs.Add(field, "must be a positive duration, got %s", d)

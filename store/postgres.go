@@ -43,18 +43,44 @@ type PostgresOptions struct {
 	LockGrace time.Duration
 	// Logger receives the purge loop's errors; nil discards them.
 	Logger *slog.Logger
+
+	// Unbatched sends every Claim, Complete and Release as a statement of
+	// its own the moment it is called, as before group commit; for
+	// benchmarks and debugging. By default (false) they are batched, as
+	// MaxBatch and BatchesInFlight say.
+	Unbatched bool
+	// MaxBatch bounds how many operations one batched statement carries.
+	// Zero means 64.
+	MaxBatch int
+	// BatchesInFlight bounds how many statements of one kind (claim,
+	// complete or release) run at once. An operation that finds fewer
+	// running is sent at once, alone; one that finds them all running
+	// waits and goes with everything else that queued meanwhile in the
+	// next statement of its kind. Zero means 2.
+	BatchesInFlight int
+	// ObserveBatch, when not nil, is called for every batched statement
+	// with its kind ("claim", "complete" or "release") and how many
+	// operations it carries (idemproxy_store_batch_size).
+	ObserveBatch func(op string, size int)
+	// ObserveQueue, when not nil, is called for every batched operation
+	// with its kind and how long it waited between the call and its
+	// statement being sent (idemproxy_store_queue_seconds).
+	ObserveQueue func(op string, wait time.Duration)
 }
 
 // Postgres is the store for any number of replicas: every lock and record
 // is a row of the idempotency_keys table, and every expiry is judged by
 // the database's clock. Each request-path operation is one statement and
-// one round trip. It is safe for concurrent use; the schema must have been
-// applied with migrations.Migrate.
+// one round trip, shared with the concurrent operations of its kind
+// (group commit, see PostgresOptions.BatchesInFlight). It is safe for
+// concurrent use; the schema must have been applied with migrations.Migrate.
 type Postgres struct {
 	pool      *pgxpool.Pool
 	opTimeout time.Duration
 	graceUS   int64
 	log       *slog.Logger
+	// batches is nil when unbatched.
+	batches *pgBatchers
 }
 
 // NewPostgres returns a store backed by a pool of connections to opts.URL.
@@ -68,6 +94,12 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = 64
+	}
+	if opts.BatchesInFlight == 0 {
+		opts.BatchesInFlight = 2
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = 2 * time.Second
@@ -100,12 +132,16 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres pool: %v", err)
 	}
-	return &Postgres{
+	p := &Postgres{
 		pool:      pool,
 		opTimeout: opTimeout,
 		graceUS:   opts.LockGrace.Microseconds(),
 		log:       opts.Logger,
-	}, nil
+	}
+	if !opts.Unbatched {
+		p.batches = newBatchers(p, opts)
+	}
+	return p, nil
 }
 
 // Close closes every connection of the pool, waiting for operations in
@@ -126,6 +162,24 @@ const (
 	entryColumns = entryHead + `, resp_headers, resp_body, resp_truncated`
 )
 
+// claimTakeover makes an INSERT INTO idempotency_keys AS k a claim: a
+// row whose lease or record has ended is taken over, a live one is left
+// as it is (and not returned).
+const claimTakeover = `ON CONFLICT (tenant_id, key) DO UPDATE SET
+		command_id = excluded.command_id,
+		command_type = excluded.command_type,
+		state = excluded.state,
+		owner_token = excluded.owner_token,
+		fingerprint = excluded.fingerprint,
+		created_at = excluded.created_at,
+		lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at,
+		status = NULL,
+		resp_headers = NULL,
+		resp_body = NULL,
+		resp_truncated = NULL
+	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()`
+
 // ClaimSQL is the statement of Postgres.Claim: it inserts a lock, or
 // takes over a row whose lease or record has ended, and returns it with
 // claimed true; when the row is live it returns it unchanged with claimed
@@ -143,20 +197,7 @@ const ClaimSQL = `WITH ins AS (
 	VALUES ($1, $2, $3, $4, 'in_flight', $5, $6,
 		now(), now() + $7::bigint * interval '1 microsecond',
 		now() + ($7::bigint + $8::bigint) * interval '1 microsecond')
-	ON CONFLICT (tenant_id, key) DO UPDATE SET
-		command_id = excluded.command_id,
-		command_type = excluded.command_type,
-		state = excluded.state,
-		owner_token = excluded.owner_token,
-		fingerprint = excluded.fingerprint,
-		created_at = excluded.created_at,
-		lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at,
-		status = NULL,
-		resp_headers = NULL,
-		resp_body = NULL,
-		resp_truncated = NULL
-	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()
+	` + claimTakeover + `
 	RETURNING ` + entryColumns + `
 )
 SELECT true, * FROM ins
@@ -209,29 +250,54 @@ WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.expires_at <= now()`
 // concurrent commit hid the conflicting row from it.
 const claimAttempts = 10
 
+var errClaimOutOfSight = fmt.Errorf("%w: postgres claim: the conflicting row stayed out of sight after %d attempts",
+	idemproxy.ErrUnavailable, claimAttempts)
+
 // Claim locks (tenant, key) unless a live lock or record is there, in which
 // case it reports that entry. A lock whose lease ended or a record past its
 // expiry is taken over, judged by the database's clock.
 func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	if p.batches != nil {
+		return p.batches.claims.do(ctx, p.opTimeout, c)
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
+	return p.claimOne(ctx, c)
+}
+
+// claimOne runs ClaimSQL until it shows the row.
+func (p *Postgres) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	for range claimAttempts {
-		row := p.pool.QueryRow(ctx, ClaimSQL,
-			pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
-			c.Lease.Microseconds(), p.graceUS)
-		var claimed bool
-		e, err := scanEntry(row, &claimed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
+		res, shown, err := p.claimOnce(ctx, &c)
 		if err != nil {
 			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
-		e.Tenant, e.Key = c.Tenant, c.Key
-		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
+		if shown {
+			return res, nil
+		}
 	}
-	return idemproxy.ClaimResult{}, fmt.Errorf("%w: postgres claim: the conflicting row stayed out of sight after %d attempts",
-		idemproxy.ErrUnavailable, claimAttempts)
+	return idemproxy.ClaimResult{}, errClaimOutOfSight
+}
+
+// claimOnce runs ClaimSQL once. shown is false when the statement's
+// snapshot hid the conflicting row; the driver's error is returned as is.
+func (p *Postgres) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+	var claimed bool
+	e, err := scanEntry(p.pool.QueryRow(ctx, ClaimSQL, claimParams(c, p.graceUS)...), &claimed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	e.Tenant, e.Key = c.Tenant, c.Key
+	return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, true, nil
+}
+
+// claimParams are ClaimSQL's parameters.
+func claimParams(c *idemproxy.Claim, graceUS int64) []any {
+	return []any{pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
+		c.Lease.Microseconds(), graceUS}
 }
 
 // Complete turns the caller's lock into a record that replays for c.TTL
@@ -239,25 +305,40 @@ func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // if the lock is gone, already completed or held by another owner. A lock
 // whose lease ended but that no one claimed since is still completed.
 func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
-	var (
-		header    any
-		body      []byte
-		truncated *bool
-	)
+	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
 	if r := c.Response; r != nil {
 		if r.Header != nil {
 			h, err := json.Marshal(r.Header)
 			if err != nil {
 				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
 			}
-			header = h
+			a.header = h
 		}
-		body, truncated = r.Body, &r.Truncated
+		a.body, a.truncated = r.Body, &r.Truncated
+	}
+	if p.batches != nil {
+		_, err := p.batches.completes.do(ctx, p.opTimeout, a)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, CompleteSQL,
-		pgUUID(c.Tenant), c.Key, pgUUID(c.Owner), c.Status, header, body, truncated, c.TTL.Microseconds())
+	return p.completeOne(ctx, a)
+}
+
+// completeParams are CompleteSQL's parameters.
+func completeParams(a *completeArgs) []any {
+	var header any
+	if a.header != nil {
+		// As json.RawMessage, not []byte: in the exec query mode pgx
+		// picks the parameter's type from the Go type, and []byte would
+		// go as bytea text (\x…), which jsonb refuses (SQLSTATE 22P02).
+		header = json.RawMessage(a.header)
+	}
+	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
+}
+
+func (p *Postgres) completeOne(ctx context.Context, a completeArgs) error {
+	tag, err := p.pool.Exec(ctx, CompleteSQL, completeParams(&a)...)
 	if err != nil {
 		return pgerr.Failure("complete", err)
 	}
@@ -270,9 +351,18 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 // Release drops the caller's lock. It fails with idemproxy.ErrNotOwner if
 // the lock is gone, completed or held by another owner.
 func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	a := releaseArgs{tenant: tenant, owner: owner, key: key}
+	if p.batches != nil {
+		_, err := p.batches.releases.do(ctx, p.opTimeout, a)
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(tenant), key, pgUUID(owner))
+	return p.releaseOne(ctx, a)
+}
+
+func (p *Postgres) releaseOne(ctx context.Context, a releaseArgs) error {
+	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	if err != nil {
 		return pgerr.Failure("release", err)
 	}
@@ -427,9 +517,10 @@ func (p *Postgres) RunPurge(ctx context.Context, interval time.Duration, batch i
 // through driver.Valuer and a text round trip on every statement.
 func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
 
-// scanEntry reads entryColumns, preceded by columns scanned into lead
-// (such as Claim's claimed flag). Tenant and Key are left for the caller.
-func scanEntry(row pgx.Row, lead ...any) (idemproxy.Entry, error) {
+// scanEntry reads entryColumns, preceded by the columns scanned into
+// before (a claim's flag, a batch's ordinality). Tenant and Key are left
+// for the caller.
+func scanEntry(row pgx.Row, before ...any) (idemproxy.Entry, error) {
 	var (
 		e           idemproxy.Entry
 		state       string
@@ -441,11 +532,8 @@ func scanEntry(row pgx.Row, lead ...any) (idemproxy.Entry, error) {
 		truncated   *bool
 		commandID   pgtype.UUID
 	)
-	dest := []any{&state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
-		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated}
-	if len(lead) > 0 {
-		dest = append(lead, dest...)
-	}
+	dest := append(before, &state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
+		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated)
 	if err := row.Scan(dest...); err != nil {
 		return e, err
 	}

@@ -443,22 +443,61 @@ func BenchmarkPostgresReplay(b *testing.B) {
 	})
 }
 
+// TestPostgresContract runs the contract with group commit on (the
+// default), through the exec query mode a transaction-mode PgBouncer
+// needs, with contexts that never end (as the proxy's: a caller then runs
+// the batch it starts itself), and with batching off.
 func TestPostgresContract(t *testing.T) {
 	dbURL := pgtest.URL(t)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		return storetest.Harness{
-			Store: newTestPostgres(t, PostgresOptions{URL: dbURL}),
-			Advance: func(t *testing.T, tenant uuid.UUID, d time.Duration) {
-				t.Helper()
-				pgtest.Age(t, tenant, d)
-			},
-			SetCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
-				t.Helper()
-				if n := pgtest.Exec(t, dbURL, `UPDATE idempotency_keys SET created_at = $3 WHERE tenant_id = $1 AND key = $2`,
-					tenant, key, at); n != 1 {
-					t.Fatalf("set created_at of (%s, %q): %d rows updated", tenant, key, n)
+	execURL := pgtest.WithParam(t, dbURL, "default_query_exec_mode", "exec")
+	for _, tc := range []struct {
+		name     string
+		opts     PostgresOptions
+		noCancel bool
+	}{
+		{"batched", PostgresOptions{URL: dbURL}, false},
+		{"batched exec mode", PostgresOptions{URL: execURL}, false},
+		{"batched uncancellable", PostgresOptions{URL: dbURL}, true},
+		{"unbatched", PostgresOptions{URL: dbURL, Unbatched: true}, false},
+		{"unbatched exec mode", PostgresOptions{URL: execURL, Unbatched: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) storetest.Harness {
+				var st idemproxy.Store = newTestPostgres(t, tc.opts)
+				if tc.noCancel {
+					st = uncancellable{st}
 				}
-			},
-		}
-	})
+				return storetest.Harness{
+					Store: st,
+					Advance: func(t *testing.T, tenant uuid.UUID, d time.Duration) {
+						t.Helper()
+						pgtest.Age(t, tenant, d)
+					},
+					SetCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
+						t.Helper()
+						if n := pgtest.Exec(t, dbURL, `UPDATE idempotency_keys SET created_at = $3 WHERE tenant_id = $1 AND key = $2`,
+							tenant, key, at); n != 1 {
+							t.Fatalf("set created_at of (%s, %q): %d rows updated", tenant, key, n)
+						}
+					},
+				}
+			})
+		})
+	}
+}
+
+// uncancellable hands a store's batched operations contexts whose Done is
+// nil, as the proxy does.
+type uncancellable struct{ idemproxy.Store }
+
+func (u uncancellable) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	return u.Store.Claim(context.WithoutCancel(ctx), c)
+}
+
+func (u uncancellable) Complete(ctx context.Context, c idemproxy.Completion) error {
+	return u.Store.Complete(context.WithoutCancel(ctx), c)
+}
+
+func (u uncancellable) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	return u.Store.Release(context.WithoutCancel(ctx), tenant, key, owner)
 }

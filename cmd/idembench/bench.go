@@ -34,6 +34,9 @@ const (
 	// -redis-url.
 	targetRedis        = "idemproxy-redis"
 	targetRedisNoCache = "idemproxy-redis-nocache"
+	// targetPostgresUnbatched is idemproxy-postgres with group commit
+	// off (IDEMPROXY_DB_BATCH=false), on the same schema.
+	targetPostgresUnbatched = "idemproxy-postgres-unbatched"
 	// targetStorePostgres is the Postgres store called directly, without
 	// HTTP, next to pgbench; it is not one of the -targets.
 	targetStorePostgres = "store-postgres"
@@ -48,7 +51,7 @@ const (
 )
 
 var (
-	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres, targetRedis, targetRedisNoCache}
+	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres, targetPostgresUnbatched, targetRedis, targetRedisNoCache}
 	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
 )
 
@@ -70,10 +73,21 @@ type options struct {
 	Scenarios []string
 	LogLevel  string
 
-	DatabaseURL    string
-	DBMaxConns     int32
-	PgBench        string
-	PgBenchThreads int
+	DatabaseURL string
+	DBMaxConns  int32
+	// DBBatchMax and DBBatchesInFlight are idemproxy-postgres's group
+	// commit settings (IDEMPROXY_DB_BATCH_MAX, IDEMPROXY_DB_BATCHES_IN_FLIGHT).
+	DBBatchMax        int
+	DBBatchesInFlight int
+	PgBench           string
+	PgBenchThreads    int
+	// PgBenchBatch, when positive, adds a run of the batched pgbench
+	// script at that batch size each round.
+	PgBenchBatch int
+	// SweepClients are the client counts of the Postgres sweep: each
+	// round measures keyed unique keys on bare, idemproxy-postgres and
+	// idemproxy-postgres-unbatched, and pgbench, at each of them.
+	SweepClients []int
 
 	RedisURL      string
 	RedisCluster  bool
@@ -95,6 +109,8 @@ func (o options) validate() error {
 		return errors.New("-rounds must be at least 1")
 	case o.Clients < 1:
 		return errors.New("-clients must be at least 1")
+	case o.PgBenchBatch < 0:
+		return errors.New("-pgbench-batch must not be negative")
 	case o.GroupSize < 2:
 		return errors.New("-group must be at least 2")
 	case len(o.Targets) == 0:
@@ -112,8 +128,18 @@ func (o options) validate() error {
 			return fmt.Errorf("-scenarios: unknown scenario %q (want %v)", s, allScenarios)
 		}
 	}
-	if slices.Contains(o.Targets, targetPostgres) && o.DatabaseURL == "" {
-		return errors.New("target idemproxy-postgres needs -database-url")
+	for _, t := range []string{targetPostgres, targetPostgresUnbatched} {
+		if slices.Contains(o.Targets, t) && o.DatabaseURL == "" {
+			return fmt.Errorf("target %s needs -database-url", t)
+		}
+	}
+	for _, c := range o.SweepClients {
+		if c < 1 {
+			return fmt.Errorf("-sweep-clients: %d is not a number of clients", c)
+		}
+	}
+	if len(o.SweepClients) > 0 && (!slices.Contains(o.Targets, targetBare) || !slices.Contains(o.Targets, targetPostgres)) {
+		return errors.New("-sweep-clients needs the bare and idemproxy-postgres targets")
 	}
 	if (slices.Contains(o.Targets, targetRedis) || slices.Contains(o.Targets, targetRedisNoCache)) && o.RedisURL == "" {
 		return errors.New("targets idemproxy-redis and idemproxy-redis-nocache need -redis-url")
@@ -123,7 +149,9 @@ func (o options) validate() error {
 
 // measurement is one scenario×target run of one round.
 type measurement struct {
-	Round     int     `json:"round"`
+	Round int `json:"round"`
+	// Clients is how many closed-loop clients sent the load.
+	Clients   int     `json:"clients"`
 	Scenario  string  `json:"scenario"`
 	Target    string  `json:"target"`
 	Requests  int     `json:"requests"`
@@ -178,14 +206,14 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 	if opts.Warmup > 0 {
 		for _, t := range e.targets {
 			fmt.Fprintf(progress, "warm-up: %s for %s\n", t.name, opts.Warmup)
-			if _, err := e.measure(ctx, opts, scenarioUnkeyed, t, 0, opts.Warmup, runID+"-warmup"); err != nil {
+			if _, err := e.measure(ctx, opts, opts.Clients, scenarioUnkeyed, t, 0, opts.Warmup, runID+"-warmup"); err != nil {
 				return nil, err
 			}
 		}
 	}
 
 	var pgb *pgbenchRunner
-	if e.pg != nil && opts.PgBench != "" && slices.Contains(opts.Scenarios, scenarioKeyed) {
+	if e.pg != nil && opts.PgBench != "" && (slices.Contains(opts.Scenarios, scenarioKeyed) || len(opts.SweepClients) > 0) {
 		pgb, err = newPgbenchRunner(opts, e.pgURL)
 		if err != nil {
 			return nil, err
@@ -201,7 +229,7 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 		order = append(order[k:], order[:k]...)
 		for _, sc := range opts.Scenarios {
 			for _, t := range order {
-				m, err := e.measure(ctx, opts, sc, t, round, opts.Duration, runID)
+				m, err := e.measure(ctx, opts, opts.Clients, sc, t, round, opts.Duration, runID)
 				if err != nil {
 					return nil, err
 				}
@@ -219,14 +247,26 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 					round, opts.Rounds, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq)
 			}
 			if sc == scenarioKeyed && pgb != nil {
-				r, err := pgb.run(ctx, round)
+				r, err := pgb.run(ctx, round, opts.Clients, 0)
 				if err != nil {
 					return nil, err
 				}
 				rep.PgBench = append(rep.PgBench, r)
 				fmt.Fprintf(progress, "round %d/%d  pgbench claim+complete            %9.0f tps    latency avg %.2fms  failed %d\n",
 					round, opts.Rounds, r.TPS, r.LatencyAvgMs, r.Failed)
+				if opts.PgBenchBatch > 0 {
+					r, err := pgb.run(ctx, round, opts.Clients, opts.PgBenchBatch)
+					if err != nil {
+						return nil, err
+					}
+					rep.PgBenchBatched = append(rep.PgBenchBatched, r)
+					fmt.Fprintf(progress, "round %d/%d  pgbench batched claim+complete of %d %9.0f cmd/s  latency avg %.2fms\n",
+						round, opts.Rounds, r.Batch, r.TPS*float64(r.Batch), r.LatencyAvgMs)
+				}
 			}
+		}
+		if err := e.sweep(ctx, opts, rep, pgb, round, order, runID, progress); err != nil {
+			return nil, err
 		}
 	}
 	rep.Config.LoadAvgEnd = loadAvg()
@@ -234,10 +274,43 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 	return rep, nil
 }
 
-// measure loads t with scenario sc for d and reports what it saw.
-func (e *env) measure(ctx context.Context, opts options, sc string, t *target, round int, d time.Duration, runID string) (measurement, error) {
-	m := measurement{Round: round, Scenario: sc, Target: t.name, Status: map[int]int{}}
-	prefix := fmt.Sprintf("%s-r%d-%s-%s-", runID, round, t.name, sc)
+// sweep measures keyed unique keys at each of opts.SweepClients on the
+// bare proxy and the Postgres targets, in the round's order, then pgbench
+// at the same number of clients.
+func (e *env) sweep(ctx context.Context, opts options, rep *Report, pgb *pgbenchRunner, round int, order []*target, runID string, progress io.Writer) error {
+	for _, clients := range opts.SweepClients {
+		for _, t := range order {
+			if t.name != targetBare && t.name != targetPostgres && t.name != targetPostgresUnbatched {
+				continue
+			}
+			// Keys of their own: the main scenarios may have run with as
+			// many clients.
+			m, err := e.measure(ctx, opts, clients, scenarioKeyed, t, round, opts.Duration, runID+"-sweep")
+			if err != nil {
+				return err
+			}
+			rep.Sweep = append(rep.Sweep, m)
+			fmt.Fprintf(progress, "round %d/%d  sweep %3d clients %-28s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  upstream %d  status %v\n",
+				round, opts.Rounds, clients, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.UpstreamCalls, m.Status)
+		}
+		if pgb == nil {
+			continue
+		}
+		r, err := pgb.run(ctx, round, clients, 0)
+		if err != nil {
+			return err
+		}
+		rep.SweepPgBench = append(rep.SweepPgBench, r)
+		fmt.Fprintf(progress, "round %d/%d  sweep %3d clients pgbench claim+complete      %9.0f tps\n", round, opts.Rounds, clients, r.TPS)
+	}
+	return nil
+}
+
+// measure loads t with scenario sc from clients closed-loop clients for d
+// and reports what it saw.
+func (e *env) measure(ctx context.Context, opts options, clients int, sc string, t *target, round int, d time.Duration, runID string) (measurement, error) {
+	m := measurement{Round: round, Clients: clients, Scenario: sc, Target: t.name, Status: map[int]int{}}
+	prefix := fmt.Sprintf("%s-r%d-c%d-%s-%s-", runID, round, clients, t.name, sc)
 	replayKey := []string{prefix + "replay"}
 	tenant := []string{e.tenant}
 	contentType := []string{"application/json"}
@@ -275,8 +348,8 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 
 	atk := vegeta.NewAttacker(
 		vegeta.Client(t.client),
-		vegeta.Workers(uint64(opts.Clients)),
-		vegeta.MaxWorkers(uint64(opts.Clients)),
+		vegeta.Workers(uint64(clients)),
+		vegeta.MaxWorkers(uint64(clients)),
 		vegeta.MaxBody(0),
 	)
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
@@ -289,7 +362,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 	pprof.Do(ctx, pprof.Labels("part", "loadgen"), func(context.Context) {
 		// Rate zero is vegeta's max-rate mode: with Workers equal to
 		// MaxWorkers, each worker sends its next request as soon as its
-		// previous one is answered — a closed loop of opts.Clients clients.
+		// previous one is answered — a closed loop of clients.
 		for res := range atk.Attack(targeter, vegeta.ConstantPacer{}, d, sc) {
 			latencies = append(latencies, res.Latency)
 			m.Status[int(res.Code)]++
@@ -332,7 +405,7 @@ func (e *env) measure(ctx context.Context, opts options, sc string, t *target, r
 // the store does for a keyed command, measured like pgbench measures the
 // same two statements.
 func (e *env) measureStore(ctx context.Context, opts options, round int, runID string) (measurement, error) {
-	m := measurement{Round: round, Scenario: scenarioKeyed, Target: targetStorePostgres, Status: map[int]int{}}
+	m := measurement{Round: round, Clients: opts.Clients, Scenario: scenarioKeyed, Target: targetStorePostgres, Status: map[int]int{}}
 	tenant, err := uuid.Parse(e.tenant)
 	if err != nil {
 		return m, err

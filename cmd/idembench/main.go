@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -121,8 +122,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.BoolVar(&o.RedisPipeline, "redis-autopipeline", true, "autopipelining on the idemproxy-redis targets (IDEMPROXY_REDIS_AUTOPIPELINE default: true)")
 	var maxConns int
 	fs.IntVar(&maxConns, "db-max-conns", 20, "Postgres pool size of idemproxy-postgres (IDEMPROXY_DB_MAX_CONNS default: 20)")
+	fs.IntVar(&o.DBBatchMax, "db-batch-max", 64, "idemproxy-postgres's IDEMPROXY_DB_BATCH_MAX")
+	fs.IntVar(&o.DBBatchesInFlight, "db-batches-in-flight", 2, "idemproxy-postgres's IDEMPROXY_DB_BATCHES_IN_FLIGHT")
 	fs.StringVar(&pgbench, "pgbench", "auto", "pgbench binary: auto (PATH, then /usr/lib/postgresql/*/bin), a path, or off")
 	fs.IntVar(&o.PgBenchThreads, "pgbench-threads", 2, "pgbench -j")
+	fs.IntVar(&o.PgBenchBatch, "pgbench-batch", 0, "also run the batched pgbench script, this many commands per statement, each round (0: off)")
+	var sweep string
+	fs.StringVar(&sweep, "sweep-clients", "", "Postgres sweep: keyed unique keys on bare, idemproxy-postgres and idemproxy-postgres-unbatched, and pgbench, at each of these client counts each round (e.g. 1,8,32,128)")
 	fs.StringVar(&logLevel, "log-level", "info", "idemproxy access log level (JSON to io.Discard: formatting cost, no I/O): debug, info, warn, error or off")
 	fs.StringVar(&targets, "targets", strings.Join(allTargets, ","), "targets to measure, comma-separated")
 	fs.StringVar(&scenes, "scenarios", strings.Join(allScenarios, ","), "scenarios to measure, comma-separated")
@@ -141,11 +147,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, out, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.DBMaxConns = int32(maxConns)
+	for _, c := range splitList(sweep) {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			return o, out, fmt.Errorf("-sweep-clients: %q is not a number", c)
+		}
+		o.SweepClients = append(o.SweepClients, n)
+	}
 	o.LogLevel = logLevel
 	o.Targets = splitList(targets)
 	o.Scenarios = splitList(scenes)
 	if o.DatabaseURL == "" {
-		o.Targets = without(o.Targets, targetPostgres)
+		o.Targets = without(without(o.Targets, targetPostgres), targetPostgresUnbatched)
 	}
 	if o.RedisURL == "" {
 		o.Targets = without(without(o.Targets, targetRedis), targetRedisNoCache)
@@ -207,6 +220,7 @@ func readReport(name string) (*Report, error) {
 		return nil, fmt.Errorf("-report %s: %w", name, err)
 	}
 	rep.Results, rep.AddedP99Ms, rep.PostgresToPgBench, rep.StoreToPgBench, rep.Checks = nil, nil, nil, nil, nil
+	rep.SweepResults = nil
 	rep.summarise()
 	return &rep, nil
 }

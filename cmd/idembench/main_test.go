@@ -72,15 +72,37 @@ func TestBenchMemory(t *testing.T) {
 func TestBenchPostgres(t *testing.T) {
 	dbURL := testDatabase(t)
 	opts := tinyOptions()
-	opts.Targets = []string{targetBare, targetMemory, targetPostgres}
+	opts.Targets = []string{targetBare, targetMemory, targetPostgres, targetPostgresUnbatched}
 	opts.DatabaseURL = dbURL
 	opts.PgBench = findPgBench()
+	opts.PgBenchBatch = 4
+	opts.SweepClients = []int{1, opts.Clients} // the main scenarios' count too: keys must not collide
 	opts.MemoryRecords, opts.FloodMaxEntries = 0, 0
 	rep, err := bench(t.Context(), opts, io.Discard)
 	if err != nil {
 		t.Fatalf("bench: %v", err)
 	}
 	checkReport(t, rep, opts)
+	// The sweep: every client count on every Postgres target and bare,
+	// each with the upstream called once per key.
+	for _, clients := range opts.SweepClients {
+		for _, tg := range []string{targetBare, targetPostgres, targetPostgresUnbatched} {
+			n := 0
+			for _, m := range rep.Sweep {
+				if m.Clients == clients && m.Target == tg {
+					n++
+					checkMeasurement(t, m)
+				}
+			}
+			if n != opts.Rounds {
+				t.Errorf("sweep, %d clients, %s: %d measurements, want %d", clients, tg, n, opts.Rounds)
+			}
+			res, ok := rep.sweepResult(clients, tg)
+			if !ok || res.RatioToBare == nil || (tg == targetPostgres && res.RatioToUnbatched == nil) {
+				t.Errorf("sweep, %d clients, %s: result %+v (found %v); want ratios", clients, tg, res, ok)
+			}
+		}
+	}
 	if len(rep.StoreLevel) != 1 || rep.StoreLevel[0].Requests == 0 || rep.StoreLevel[0].P99Ms <= 0 {
 		t.Errorf("store level: %+v; want one run with commands", rep.StoreLevel)
 	}
@@ -91,6 +113,17 @@ func TestBenchPostgres(t *testing.T) {
 	if len(rep.PgBench) != 1 || rep.PgBench[0].TPS <= 0 || rep.PostgresToPgBench == nil || rep.StoreToPgBench == nil {
 		t.Errorf("pgbench: %+v, ratios %v and %v; want one run with tps > 0 and both ratios",
 			rep.PgBench, rep.PostgresToPgBench, rep.StoreToPgBench)
+	}
+	if len(rep.PgBenchBatched) != 1 || rep.PgBenchBatched[0].TPS <= 0 || rep.PgBenchBatched[0].Batch != 4 {
+		t.Errorf("batched pgbench: %+v; want one run of batches of 4 with tps > 0", rep.PgBenchBatched)
+	}
+	if len(rep.SweepPgBench) != len(opts.SweepClients) {
+		t.Errorf("sweep pgbench: %d runs, want %d", len(rep.SweepPgBench), len(opts.SweepClients))
+	}
+	for _, clients := range opts.SweepClients {
+		if res, ok := rep.sweepResult(clients, targetPostgres); !ok || res.RatioToPgBench == nil {
+			t.Errorf("sweep, %d clients: no ratio to pgbench", clients)
+		}
 	}
 	if !hasCheck(rep, "keyed unique keys, Postgres store vs pgbench claim+complete") {
 		t.Error("the pgbench target was not evaluated")
@@ -144,7 +177,8 @@ func checkMeasurement(t *testing.T, m measurement) {
 			t.Errorf("%s: %d responses with status %d", name, n, code)
 		}
 	}
-	idempotent := m.Target == targetMemory || m.Target == targetPostgres || m.Target == targetRedis || m.Target == targetRedisNoCache
+	idempotent := m.Target == targetMemory || m.Target == targetPostgres || m.Target == targetPostgresUnbatched ||
+		m.Target == targetRedis || m.Target == targetRedisNoCache
 	var want int64
 	switch {
 	case m.Scenario == scenarioUnkeyed:
@@ -229,8 +263,8 @@ func TestFlags(t *testing.T) {
 	if opts.Duration != 2*time.Second || opts.Clients != 8 || opts.Rounds != 3 || opts.DatabaseURL != env["IDEMPROXY_BENCH_DATABASE_URL"] {
 		t.Errorf("options = %+v", opts)
 	}
-	if len(opts.Targets) != 4 {
-		t.Errorf("targets = %v, want all four with a database URL", opts.Targets)
+	if len(opts.Targets) != 5 {
+		t.Errorf("targets = %v, want all five with a database URL", opts.Targets)
 	}
 	opts, _, err = parseFlags(nil, func(string) string { return "" }, io.Discard)
 	if err != nil {

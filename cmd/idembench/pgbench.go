@@ -24,6 +24,12 @@ import (
 //go:embed claim_complete.pgbench
 var pgbenchScript []byte
 
+// pgbenchBatchedScript is the store's batched claim + complete: one
+// transaction claims and completes :batch keys in two statements.
+//
+//go:embed claim_complete_batched.pgbench
+var pgbenchBatchedScript []byte
+
 // The constants the script is run with, as idemproxy's defaults: mode
 // noop, 201 from the upstream, a 60s lease, a 24h key TTL and the store's
 // one-hour lock grace.
@@ -37,28 +43,31 @@ const (
 
 // pgbenchRound is one pgbench run.
 type pgbenchRound struct {
-	Round        int     `json:"round"`
-	Clients      int     `json:"clients"`
-	Threads      int     `json:"threads"`
-	Seconds      int     `json:"seconds"`
+	Round   int `json:"round"`
+	Clients int `json:"clients"`
+	Threads int `json:"threads"`
+	Seconds int `json:"seconds"`
+	// Batch is how many commands one transaction carries (the batched
+	// script); zero for the single-statement script, whose transactions
+	// are one command each.
+	Batch        int     `json:"batch,omitempty"`
 	TPS          float64 `json:"tps"`
 	LatencyAvgMs float64 `json:"latency_avg_ms"`
 	Processed    int64   `json:"transactions"`
 	Failed       int64   `json:"failed_transactions"`
 }
 
-// pgbenchRunner runs the script against the run's schema.
+// pgbenchRunner runs the scripts against the run's schema.
 type pgbenchRunner struct {
-	bin     string
-	dbURL   string
-	schema  string
-	dir     string
-	clients int
-	threads int
-	seconds int
+	bin        string
+	dbURL      string
+	schema     string
+	dir        string
+	maxThreads int
+	seconds    int
 }
 
-// newPgbenchRunner writes the script to a temporary directory. dbURL
+// newPgbenchRunner writes the scripts to a temporary directory. dbURL
 // carries search_path, which pgbench gets as PGOPTIONS.
 func newPgbenchRunner(opts options, dbURL string) (*pgbenchRunner, error) {
 	base, schema, err := splitSearchPath(dbURL)
@@ -69,14 +78,17 @@ func newPgbenchRunner(opts options, dbURL string) (*pgbenchRunner, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "claim_complete.pgbench"), pgbenchScript, 0o644); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	for name, script := range map[string][]byte{
+		"claim_complete.pgbench": pgbenchScript, "claim_complete_batched.pgbench": pgbenchBatchedScript,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), script, 0o644); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
-	threads := max(1, min(opts.PgBenchThreads, opts.Clients))
 	return &pgbenchRunner{
 		bin: opts.PgBench, dbURL: base, schema: schema, dir: dir,
-		clients: opts.Clients, threads: threads,
+		maxThreads: max(1, opts.PgBenchThreads),
 		// pgbench -T takes whole seconds.
 		seconds: max(1, int(math.Round(opts.Duration.Seconds()))),
 	}, nil
@@ -84,13 +96,20 @@ func newPgbenchRunner(opts options, dbURL string) (*pgbenchRunner, error) {
 
 func (p *pgbenchRunner) close() { os.RemoveAll(p.dir) }
 
-func (p *pgbenchRunner) args() []string {
+// args runs the single-statement script, or with batch > 0 the batched
+// one, from clients connections.
+func (p *pgbenchRunner) args(clients, batch int) []string {
 	fp := make([]byte, 32)
 	_, _ = rand.Read(fp)
+	script := "claim_complete.pgbench"
+	if batch > 0 {
+		script = "claim_complete_batched.pgbench"
+	}
 	return []string{
 		"-n", "-M", "prepared",
-		"-c", strconv.Itoa(p.clients), "-j", strconv.Itoa(p.threads), "-T", strconv.Itoa(p.seconds),
-		"-f", filepath.Join(p.dir, "claim_complete.pgbench"),
+		"-c", strconv.Itoa(clients), "-j", strconv.Itoa(p.threads(clients)), "-T", strconv.Itoa(p.seconds),
+		"-f", filepath.Join(p.dir, script),
+		"-D", "batch=" + strconv.Itoa(max(batch, 1)),
 		"-D", "tenant=" + uuid.NewString(),
 		"-D", "command_id=" + uuid.NewString(),
 		"-D", "command_type=" + pgbenchCmdType,
@@ -104,9 +123,11 @@ func (p *pgbenchRunner) args() []string {
 	}
 }
 
-// run runs pgbench once and parses what it printed.
-func (p *pgbenchRunner) run(ctx context.Context, round int) (pgbenchRound, error) {
-	cmd := exec.CommandContext(ctx, p.bin, p.args()...)
+func (p *pgbenchRunner) threads(clients int) int { return max(1, min(p.maxThreads, clients)) }
+
+// run runs pgbench once, as args says, and parses what it printed.
+func (p *pgbenchRunner) run(ctx context.Context, round, clients, batch int) (pgbenchRound, error) {
+	cmd := exec.CommandContext(ctx, p.bin, p.args(clients, batch)...)
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+p.schema)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -116,7 +137,7 @@ func (p *pgbenchRunner) run(ctx context.Context, round int) (pgbenchRound, error
 	if err != nil {
 		return r, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
-	r.Round, r.Clients, r.Threads, r.Seconds = round, p.clients, p.threads, p.seconds
+	r.Round, r.Clients, r.Threads, r.Seconds, r.Batch = round, clients, p.threads(clients), p.seconds, batch
 	return r, nil
 }
 

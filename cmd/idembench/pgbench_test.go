@@ -10,33 +10,59 @@ import (
 )
 
 // storeStatements are the statements store.Postgres runs for one keyed
-// command, in the script's order, each with what the pgbench script
-// writes in place of its $n (see the script's header).
-var storeStatements = []struct {
+// command, in each script's order, with what the pgbench script writes in
+// place of each $n (see the scripts' headers).
+var storeStatements = map[string][]struct {
 	name   string
 	sql    string
 	params map[int]string
 }{
-	{"store.ClaimSQL", store.ClaimSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":command_id", 4: ":command_type",
-		5: ":owner", 6: ":fingerprint", 7: ":lease_us", 8: ":grace_us"}},
-	{"store.CompleteSQL", store.CompleteSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":owner", 4: ":status",
-		5: "NULL", 6: "NULL", 7: "NULL", 8: ":ttl_us"}},
+	"claim_complete.pgbench": {
+		{"store.ClaimSQL", store.ClaimSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":command_id", 4: ":command_type",
+			5: ":owner", 6: ":fingerprint", 7: ":lease_us", 8: ":grace_us"}},
+		{"store.CompleteSQL", store.CompleteSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":owner", 4: ":status",
+			5: "NULL", 6: "NULL", 7: "NULL", 8: ":ttl_us"}},
+	},
+	"claim_complete_batched.pgbench": {
+		{"store.ClaimBatchSQL", store.ClaimBatchSQL, map[int]string{1: batchArray(":tenant::uuid"), 2: batchKeys,
+			3: batchArray(":command_id::uuid"), 4: batchArray(":command_type::text"), 5: batchArray(":owner::uuid"),
+			6: batchArray(":fingerprint::bytea"), 7: batchArray(":lease_us::bigint"), 8: ":grace_us"}},
+		{"store.CompleteBatchSQL", store.CompleteBatchSQL, map[int]string{1: batchArray(":tenant::uuid"), 2: batchKeys,
+			3: batchArray(":owner::uuid"), 4: batchArray(":status::int"), 5: batchArray("NULL::text"),
+			6: batchArray("NULL::bytea"), 7: batchArray("NULL::bool"), 8: batchArray(":ttl_us::bigint")}},
+	},
 }
 
-// TestPgbenchScriptMatchesStore fails when claim_complete.pgbench no longer
-// runs the statements store.Postgres runs: the store's statements, their
+// batchArray is what the batched script writes for an array parameter
+// holding :batch copies of one value.
+func batchArray(v string) string { return "array_fill(" + v + ", ARRAY[:batch::int])" }
+
+// batchKeys is the batched script's array of keys: :key-1 … :key-:batch.
+const batchKeys = "(SELECT array_agg(:key::text || '-' || g) FROM generate_series(1, :batch::int) AS g)"
+
+// TestPgbenchScriptMatchesStore fails when a pgbench script no longer runs
+// the statements store.Postgres runs: the store's statements, their
 // parameters replaced as the script's header says, and the script's are
 // compared with whitespace collapsed.
 func TestPgbenchScriptMatchesStore(t *testing.T) {
-	got := scriptStatements(t, string(pgbenchScript))
-	if len(got) != len(storeStatements) {
-		t.Fatalf("the script has %d SQL statements, want %d (claim, complete): %q", len(got), len(storeStatements), got)
-	}
-	for i, st := range storeStatements {
-		want := normaliseSQL(substituteParams(t, st.name, st.sql, st.params))
-		if g := normaliseSQL(got[i]); g != want {
-			t.Errorf("statement %d of claim_complete.pgbench differs from %s:\n got: %s\nwant: %s\nfirst difference at byte %d",
-				i+1, st.name, g, want, firstDiff(g, want))
+	for _, sc := range []struct {
+		name   string
+		script []byte
+	}{
+		{"claim_complete.pgbench", pgbenchScript},
+		{"claim_complete_batched.pgbench", pgbenchBatchedScript},
+	} {
+		want := storeStatements[sc.name]
+		got := scriptStatements(t, string(sc.script))
+		if len(got) != len(want) {
+			t.Fatalf("%s has %d SQL statements, want %d (claim, complete): %q", sc.name, len(got), len(want), got)
+		}
+		for i, st := range want {
+			w := normaliseSQL(substituteParams(t, st.name, st.sql, st.params))
+			if g := normaliseSQL(got[i]); g != w {
+				t.Errorf("statement %d of %s differs from %s:\n got: %s\nwant: %s\nfirst difference at byte %d",
+					i+1, sc.name, st.name, g, w, firstDiff(g, w))
+			}
 		}
 	}
 }

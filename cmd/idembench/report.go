@@ -33,7 +33,15 @@ type Report struct {
 	// median across rounds of its commands/s divided by pgbench tps.
 	StoreLevel     []measurement `json:"store_level,omitempty"`
 	StoreToPgBench *float64      `json:"store_to_pgbench_ratio,omitempty"`
-	Memory         *memoryResult `json:"memory,omitempty"`
+	// PgBenchBatched holds one run of the batched script per round (its
+	// tps are transactions of Batch commands each).
+	PgBenchBatched []pgbenchRound `json:"pgbench_batched,omitempty"`
+	// Sweep and SweepPgBench are the Postgres sweep's measurements (keyed
+	// unique keys at each -sweep-clients), SweepResults their summary.
+	Sweep        []measurement  `json:"sweep,omitempty"`
+	SweepPgBench []pgbenchRound `json:"sweep_pgbench,omitempty"`
+	SweepResults []sweepResult  `json:"sweep_results,omitempty"`
+	Memory       *memoryResult  `json:"memory,omitempty"`
 	// Checks are issue 4's targets, each met or not.
 	Checks       []check       `json:"targets"`
 	Measurements []measurement `json:"measurements"`
@@ -52,8 +60,12 @@ type runConfig struct {
 	GroupSize  int       `json:"racing_group_size"`
 	LogLevel   string    `json:"log_level"`
 	DBMaxConns int32     `json:"db_max_conns,omitempty"`
-	PgBench    string    `json:"pgbench,omitempty"`
-	LoadGen    string    `json:"load_generator"`
+	// DBBatchMax and DBBatchesInFlight are the group commit settings of
+	// idemproxy-postgres.
+	DBBatchMax        int    `json:"db_batch_max,omitempty"`
+	DBBatchesInFlight int    `json:"db_batches_in_flight,omitempty"`
+	PgBench           string `json:"pgbench,omitempty"`
+	LoadGen           string `json:"load_generator"`
 	// LoadAvg is /proc/loadavg when the run started and ended: other
 	// work on the machine shows there.
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
@@ -79,6 +91,7 @@ func newRunConfig(o options) runConfig {
 	}
 	if o.DatabaseURL != "" {
 		c.DBMaxConns = o.DBMaxConns
+		c.DBBatchMax, c.DBBatchesInFlight = o.DBBatchMax, o.DBBatchesInFlight
 		c.PgBench = o.PgBench
 	}
 	return c
@@ -112,6 +125,24 @@ type result struct {
 	Keys          int         `json:"keys"`
 	UpstreamCalls int64       `json:"upstream_calls"`
 	Status        map[int]int `json:"status"`
+}
+
+// sweepResult is one target at one number of clients in the sweep,
+// summarised across rounds; the ratios are medians of per-round ratios.
+type sweepResult struct {
+	Clients   int     `json:"clients"`
+	Target    string  `json:"target"`
+	ReqPerSec float64 `json:"req_per_sec"`
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	// RatioToBare is req/s ÷ the bare proxy's; RatioToPgBench ÷ pgbench
+	// tps of the single statements at as many clients; RatioToUnbatched
+	// (idemproxy-postgres only) ÷ idemproxy-postgres-unbatched's, and
+	// P50ToUnbatched the same for p50.
+	RatioToBare      *float64 `json:"ratio_to_bare,omitempty"`
+	RatioToPgBench   *float64 `json:"ratio_to_pgbench,omitempty"`
+	RatioToUnbatched *float64 `json:"ratio_to_unbatched,omitempty"`
+	P50ToUnbatched   *float64 `json:"p50_to_unbatched,omitempty"`
 }
 
 // check is one of issue 4's targets.
@@ -249,7 +280,106 @@ func (r *Report) summarise() {
 		r.StoreToPgBench = &v
 	}
 
+	r.summariseSweep()
 	r.Checks = r.checks()
+}
+
+// summariseSweep computes SweepResults from Sweep and SweepPgBench.
+func (r *Report) summariseSweep() {
+	find := func(clients int, t string, round int) (measurement, bool) {
+		for _, m := range r.Sweep {
+			if m.Clients == clients && m.Target == t && m.Round == round {
+				return m, true
+			}
+		}
+		return measurement{}, false
+	}
+	pgbench := func(clients, round int) (pgbenchRound, bool) {
+		for _, p := range r.SweepPgBench {
+			if p.Clients == clients && p.Round == round {
+				return p, true
+			}
+		}
+		return pgbenchRound{}, false
+	}
+	medianOf := func(v []float64) *float64 {
+		if len(v) == 0 {
+			return nil
+		}
+		m := median(v)
+		return &m
+	}
+	type key struct {
+		clients int
+		target  string
+	}
+	var keys []key
+	for _, m := range r.Sweep {
+		if k := (key{m.Clients, m.Target}); !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	sort.SliceStable(keys, func(i, j int) bool {
+		if keys[i].clients != keys[j].clients {
+			return keys[i].clients < keys[j].clients
+		}
+		return slices.Index(allTargets, keys[i].target) < slices.Index(allTargets, keys[j].target)
+	})
+	for _, k := range keys {
+		var rps, p50, p99, toBare, toPgBench, toUnbatched, p50ToUnbatched []float64
+		for _, m := range r.Sweep {
+			if m.Clients != k.clients || m.Target != k.target {
+				continue
+			}
+			rps, p50, p99 = append(rps, m.ReqPerSec), append(p50, m.P50Ms), append(p99, m.P99Ms)
+			if b, ok := find(k.clients, targetBare, m.Round); ok && b.ReqPerSec > 0 {
+				toBare = append(toBare, m.ReqPerSec/b.ReqPerSec)
+			}
+			if p, ok := pgbench(k.clients, m.Round); ok && p.TPS > 0 {
+				toPgBench = append(toPgBench, m.ReqPerSec/p.TPS)
+			}
+			if u, ok := find(k.clients, targetPostgresUnbatched, m.Round); ok && k.target == targetPostgres && u.ReqPerSec > 0 {
+				toUnbatched = append(toUnbatched, m.ReqPerSec/u.ReqPerSec)
+				p50ToUnbatched = append(p50ToUnbatched, m.P50Ms/u.P50Ms)
+			}
+		}
+		res := sweepResult{Clients: k.clients, Target: k.target, ReqPerSec: median(rps), P50Ms: median(p50), P99Ms: median(p99),
+			RatioToBare: medianOf(toBare), RatioToUnbatched: medianOf(toUnbatched), P50ToUnbatched: medianOf(p50ToUnbatched)}
+		if k.target != targetBare {
+			res.RatioToPgBench = medianOf(toPgBench)
+		}
+		r.SweepResults = append(r.SweepResults, res)
+	}
+	var tps []float64
+	for _, c := range uniqueClients(r.SweepPgBench) {
+		tps = tps[:0]
+		for _, p := range r.SweepPgBench {
+			if p.Clients == c {
+				tps = append(tps, p.TPS)
+			}
+		}
+		r.SweepResults = append(r.SweepResults, sweepResult{Clients: c, Target: "pgbench (single statements)", ReqPerSec: median(tps)})
+	}
+	sort.SliceStable(r.SweepResults, func(i, j int) bool { return r.SweepResults[i].Clients < r.SweepResults[j].Clients })
+}
+
+func uniqueClients(runs []pgbenchRound) []int {
+	var out []int
+	for _, p := range runs {
+		if !slices.Contains(out, p.Clients) {
+			out = append(out, p.Clients)
+		}
+	}
+	return out
+}
+
+func (r *Report) sweepResult(clients int, t string) (sweepResult, bool) {
+	for _, res := range r.SweepResults {
+		if res.Clients == clients && res.Target == t {
+			return res, true
+		}
+	}
+	return sweepResult{}, false
 }
 
 func (r *Report) result(sc, t string) (result, bool) {
@@ -312,6 +442,19 @@ func (r *Report) checks() []check {
 	if r.PostgresToPgBench != nil {
 		atLeast("keyed unique keys, Postgres store vs pgbench claim+complete", *r.PostgresToPgBench, 0.8)
 	}
+	// Issue 14: group commit.
+	if res, ok := r.sweepResult(32, targetPostgres); ok {
+		if res.RatioToBare != nil {
+			atLeast("32 clients, keyed unique keys, Postgres (group commit) vs bare", *res.RatioToBare, 0.5)
+		}
+		if res.RatioToPgBench != nil {
+			atLeast("32 clients, keyed unique keys, Postgres (group commit) vs single-statement pgbench", *res.RatioToPgBench, 1.2)
+		}
+	}
+	if res, ok := r.sweepResult(1, targetPostgres); ok && res.RatioToUnbatched != nil {
+		atLeast("1 client, keyed unique keys, Postgres group commit vs batching off", *res.RatioToUnbatched, 0.95)
+		atMost("1 client, p50 with group commit ÷ p50 with batching off", "×", *res.P50ToUnbatched, 1.05)
+	}
 	if v, ok := r.AddedP99Ms[targetMemory]; ok {
 		atMost("p99 added by a keyed request, memory store", "ms", v, 1)
 	}
@@ -351,10 +494,22 @@ func writeText(w io.Writer, r *Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
+	if len(r.SweepResults) > 0 {
+		fmt.Fprintln(w, "Postgres sweep, keyed unique keys:")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "clients\ttarget\treq/s\tp50 ms\tp99 ms\t× bare\t× pgbench\t× unbatched\tp50 × unbatched\t")
+		for _, res := range r.SweepResults {
+			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", res.Clients, res.Target, res.ReqPerSec,
+				msString(res.P50Ms), msString(res.P99Ms), ratioString(res.RatioToBare), ratioString(res.RatioToPgBench),
+				ratioString(res.RatioToUnbatched), ratioString(res.P50ToUnbatched))
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
 	for _, line := range r.notes() {
 		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintln(w, "\nissue 4 targets:")
+	fmt.Fprintln(w, "\ntargets (issues 4 and 14):")
 	for _, ch := range r.Checks {
 		mark := "MET    "
 		if !ch.Met {
@@ -385,6 +540,16 @@ func writeMarkdown(w io.Writer, r *Report) {
 			cpuString(res.CPUUsPerReq), deltaString(res.CPUAddedUs), ratioString(res.CPURatioToBare), res.UpstreamCalls, res.Keys)
 	}
 	fmt.Fprintln(w)
+	if len(r.SweepResults) > 0 {
+		fmt.Fprintln(w, "| clients | target | req/s | p50 ms | p99 ms | × bare | × pgbench | × unbatched | p50 × unbatched |")
+		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, res := range r.SweepResults {
+			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n", res.Clients, res.Target, res.ReqPerSec,
+				msString(res.P50Ms), msString(res.P99Ms), ratioString(res.RatioToBare), ratioString(res.RatioToPgBench),
+				ratioString(res.RatioToUnbatched), ratioString(res.P50ToUnbatched))
+		}
+		fmt.Fprintln(w)
+	}
 	for _, line := range r.notes() {
 		fmt.Fprintf(w, "- %s\n", line)
 	}
@@ -427,6 +592,14 @@ func (r *Report) notes() []string {
 		out = append(out, fmt.Sprintf("pgbench claim+complete (-c %d -j %d -M prepared): %.0f tps (median); idemproxy-postgres keyed req/s ÷ pgbench tps: %s",
 			r.Config.Clients, r.PgBench[0].Threads, median(tps), ratioString(r.PostgresToPgBench)))
 	}
+	if len(r.PgBenchBatched) > 0 {
+		var cps []float64
+		for _, p := range r.PgBenchBatched {
+			cps = append(cps, p.TPS*float64(p.Batch))
+		}
+		out = append(out, fmt.Sprintf("pgbench batched claim+complete (%d commands per statement, -c %d): %.0f commands/s (median)",
+			r.PgBenchBatched[0].Batch, r.PgBenchBatched[0].Clients, median(cps)))
+	}
 	if len(r.StoreLevel) > 0 {
 		var cps, p99, cpu []float64
 		for _, m := range r.StoreLevel {
@@ -447,6 +620,13 @@ func (r *Report) notes() []string {
 		}
 	}
 	return out
+}
+
+func msString(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
 }
 
 func cpuString(v float64) string {

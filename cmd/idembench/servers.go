@@ -127,8 +127,9 @@ type env struct {
 	up      *upstream
 	targets []*target
 	tenant  string
-	// pg is set when the Postgres target runs; pgURL has search_path set
-	// to the run's own schema.
+	// pg is set when a Postgres target runs (the batched store, as
+	// cmd/idemproxy opens it by default); pgURL has search_path set to the
+	// run's own schema.
 	pg     *store.Postgres
 	pgURL  string
 	closes []func()
@@ -179,8 +180,12 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 	e.closes = append(e.closes, upSrv.close)
 	upURL, _ := url.Parse(upSrv.url)
 
+	clients := opts.Clients
+	for _, c := range opts.SweepClients {
+		clients = max(clients, c)
+	}
 	add := func(name, u string) {
-		c := newClient(opts.Clients)
+		c := newClient(clients)
 		e.closes = append(e.closes, c.CloseIdleConnections)
 		e.targets = append(e.targets, &target{name: name, url: u, client: c})
 	}
@@ -213,13 +218,23 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
-		case targetPostgres:
-			pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
-			if err != nil {
-				return nil, err
+		case targetPostgres, targetPostgresUnbatched:
+			if e.pg == nil {
+				pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
+				if err != nil {
+					return nil, err
+				}
+				e.closes = append(e.closes, closePG)
+				e.pg, e.pgURL = pg, pgURL
 			}
-			e.closes = append(e.closes, closePG)
-			e.pg, e.pgURL = pg, pgURL
+			pg := e.pg
+			if name == targetPostgresUnbatched {
+				pg, err = store.NewPostgres(ctx, store.PostgresOptions{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true})
+				if err != nil {
+					return nil, err
+				}
+				e.closes = append(e.closes, pg.Close)
+			}
 			// As cmd/idemproxy runs it: replays answered from the
 			// per-replica record cache (IDEMPROXY_RECORD_CACHE_* defaults).
 			cachedPG := proxy.CacheRecords(pg, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
@@ -323,7 +338,9 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
 	}
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{URL: dbURL, MaxConns: opts.DBMaxConns})
+	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
+		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight,
+	})
 	if err != nil {
 		drop()
 		return nil, "", nil, err
@@ -333,7 +350,8 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, err
 	}
-	fmt.Fprintf(progress, "postgres: schema %s (dropped at the end), pool of %d connections\n", schema, opts.DBMaxConns)
+	fmt.Fprintf(progress, "postgres: schema %s (dropped at the end), pool of %d connections, group commit of up to %d operations, %d statements of a kind in flight\n",
+		schema, opts.DBMaxConns, opts.DBBatchMax, opts.DBBatchesInFlight)
 	return pg, dbURL, func() { pg.Close(); drop() }, nil
 }
 

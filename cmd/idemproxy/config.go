@@ -53,6 +53,9 @@ type Config struct {
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"apply the Postgres migrations at start (postgres store)"`
 	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxConns" desc:"largest Postgres connection pool"`
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
+	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxBatch" desc:"most operations one batched Postgres statement carries"`
+	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.BatchesInFlight" desc:"batched Postgres statements of one kind running at once; operations arriving meanwhile go together in the next"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"how often expired Postgres rows are purged"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
@@ -356,6 +359,12 @@ func (c Config) validate() error {
 	if c.RedisPoolSize > 10000 {
 		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be at most 10000, got %d", c.RedisPoolSize)
 	}
+	if c.DBBatchMax > 1000 {
+		bad("IDEMPROXY_DB_BATCH_MAX", "must be at most 1000, got %d", c.DBBatchMax)
+	}
+	if c.DBBatchesInFlight > 1000 {
+		bad("IDEMPROXY_DB_BATCHES_IN_FLIGHT", "must be at most 1000, got %d", c.DBBatchesInFlight)
+	}
 	if c.PurgeBatch > 100000 {
 		bad("IDEMPROXY_PURGE_BATCH", "must be at most 100000, got %d", c.PurgeBatch)
 	}
@@ -524,6 +533,9 @@ func (c Config) postgresOptions(log *slog.Logger) store.PostgresOptions {
 		MaxConns:         c.DBMaxConns,
 		StatementTimeout: c.DBStatementTimeout,
 		OpTimeout:        c.StoreTimeout,
+		Unbatched:        !c.DBBatch,
+		MaxBatch:         c.DBBatchMax,
+		BatchesInFlight:  c.DBBatchesInFlight,
 		Logger:           log,
 	}
 }

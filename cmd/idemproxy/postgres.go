@@ -20,11 +20,14 @@ import (
 
 // pgStore is the Postgres store as the server runs it: with its purge
 // loop, its migrations retried in the background while the database was
-// unreachable at start, and the idemproxy_purged_rows_total counter. It is
-// a prometheus.Collector for that counter.
+// unreachable at start, and its metrics: idemproxy_purged_rows_total and
+// the group commit's idemproxy_store_batch_size and
+// idemproxy_store_queue_seconds. It is a prometheus.Collector for them.
 type pgStore struct {
 	*store.Postgres
-	purged prometheus.Counter
+	purged     prometheus.Counter
+	batchSize  *prometheus.HistogramVec
+	queueDelay *prometheus.HistogramVec
 	// pending holds, while the migrations at start are still to be
 	// applied, why the last attempt failed; Ping then fails with it, so
 	// that /readyz reports not ready and names a permanent cause.
@@ -41,10 +44,44 @@ func (s *pgStore) Ping(ctx context.Context) error {
 }
 
 // Describe implements prometheus.Collector.
-func (s *pgStore) Describe(ch chan<- *prometheus.Desc) { s.purged.Describe(ch) }
+func (s *pgStore) Describe(ch chan<- *prometheus.Desc) {
+	s.purged.Describe(ch)
+	s.batchSize.Describe(ch)
+	s.queueDelay.Describe(ch)
+}
 
 // Collect implements prometheus.Collector.
-func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
+func (s *pgStore) Collect(ch chan<- prometheus.Metric) {
+	s.purged.Collect(ch)
+	s.batchSize.Collect(ch)
+	s.queueDelay.Collect(ch)
+}
+
+// newPgStoreMetrics makes pgStore's collectors, with a series for every
+// batched operation.
+func newPgStoreMetrics() *pgStore {
+	s := &pgStore{
+		purged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_purged_rows_total",
+			Help: "Expired idempotency keys (records and abandoned locks) deleted from Postgres by this replica.",
+		}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_store_batch_size",
+			Help:    "Operations per batched Postgres statement (group commit), by op (claim, complete, release).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+		}, []string{"op"}),
+		queueDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_store_queue_seconds",
+			Help:    "Time a batched Postgres operation waited for a statement of its kind to be sent, by op (claim, complete, release).",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20),
+		}, []string{"op"}),
+	}
+	for _, op := range []string{"claim", "complete", "release"} {
+		s.batchSize.WithLabelValues(op)
+		s.queueDelay.WithLabelValues(op)
+	}
+	return s
+}
 
 // openPostgres opens the Postgres store for serve. With IDEMPROXY_MIGRATE
 // on, it applies the migrations and checks the schema: a permanent
@@ -55,20 +92,19 @@ func (s *pgStore) Collect(ch chan<- prometheus.Metric) { s.purged.Collect(ch) }
 // fails on a reachable database is an error. With it off, the schema is
 // checked and any problem logged: /readyz reports it until it is fixed.
 // It starts the purge loop. The returned store is also a
-// prometheus.Collector of idemproxy_purged_rows_total; the close function
-// stops the background work and closes the pool.
+// prometheus.Collector of idemproxy_purged_rows_total and the group-commit
+// histograms; the close function stops the background work and closes
+// the pool.
 func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
-	pg, err := store.NewPostgres(ctx, cfg.postgresOptions(log))
+	s := newPgStoreMetrics()
+	opts := cfg.postgresOptions(log)
+	opts.ObserveBatch = func(op string, n int) { s.batchSize.WithLabelValues(op).Observe(float64(n)) }
+	opts.ObserveQueue = func(op string, d time.Duration) { s.queueDelay.WithLabelValues(op).Observe(d.Seconds()) }
+	pg, err := store.NewPostgres(ctx, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration: %w", explain(err))
 	}
-	s := &pgStore{
-		Postgres: pg,
-		purged: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "idemproxy_purged_rows_total",
-			Help: "Expired idempotency keys (records and abandoned locks) deleted from Postgres by this replica.",
-		}),
-	}
+	s.Postgres = pg
 
 	// Background work outlives ctx's end, so that the store keeps working
 	// while serve drains; the close function stops it.

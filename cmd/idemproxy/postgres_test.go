@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,12 +34,19 @@ func TestPostgresConfig(t *testing.T) {
 		t.Errorf("defaults: migrate %v, max conns %d, statement timeout %s, purge every %s by %d",
 			cfg.Migrate, cfg.DBMaxConns, cfg.DBStatementTimeout, cfg.PurgeInterval, cfg.PurgeBatch)
 	}
+	if !cfg.DBBatch || cfg.DBBatchMax != 64 || cfg.DBBatchesInFlight != 2 {
+		t.Errorf("group commit defaults: on %v, batches of at most %d, %d in flight; want on, 64, 2",
+			cfg.DBBatch, cfg.DBBatchMax, cfg.DBBatchesInFlight)
+	}
 	for name, value := range map[string]string{
 		"IDEMPROXY_MIGRATE":              "perhaps",
 		"IDEMPROXY_DB_MAX_CONNS":         "0",
 		"IDEMPROXY_DB_STATEMENT_TIMEOUT": "0s",
 		"IDEMPROXY_PURGE_INTERVAL":       "-1m",
 		"IDEMPROXY_PURGE_BATCH":          "0",
+		"IDEMPROXY_DB_BATCH":             "sometimes",
+		"IDEMPROXY_DB_BATCH_MAX":         "0",
+		"IDEMPROXY_DB_BATCHES_IN_FLIGHT": "0",
 	} {
 		env := map[string]string{name: value}
 		for k, v := range base {
@@ -94,6 +103,7 @@ func testPostgresConfig(dbURL string) Config {
 	return Config{
 		Store: "postgres", DatabaseURL: dbURL, Migrate: true, DBMaxConns: 4,
 		DBStatementTimeout: time.Second, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 100,
+		DBBatch: true, DBBatchMax: 64, DBBatchesInFlight: 2,
 	}
 }
 
@@ -129,12 +139,13 @@ func TestOpenPostgres(t *testing.T) {
 	if err := reg.Register(collector); err != nil {
 		t.Fatal(err)
 	}
+	purged := st.(*pgStore).purged
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if testutil.ToFloat64(collector) == 250 {
+		if testutil.ToFloat64(purged) == 250 {
 			break
 		}
 	}
-	if got := testutil.ToFloat64(collector); got != 250 {
+	if got := testutil.ToFloat64(purged); got != 250 {
 		t.Errorf("idemproxy_purged_rows_total = %v, want 250", got)
 	}
 	n, err := testutil.GatherAndCount(reg, "idemproxy_purged_rows_total")
@@ -185,4 +196,76 @@ func TestOpenPostgresBrokenMigration(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "migration") {
 		t.Errorf("%q does not say the migrations failed", err)
 	}
+}
+
+// TestOpenPostgresBatchMetrics: every claim is counted once in
+// idemproxy_store_batch_size{op="claim"} (its sum) and once in
+// idemproxy_store_queue_seconds; with IDEMPROXY_DB_BATCH off neither sees
+// anything.
+func TestOpenPostgresBatchMetrics(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	for _, batched := range []bool{true, false} {
+		cfg := testPostgresConfig(dbURL)
+		cfg.DBBatch = batched
+		st, closeStore, err := openPostgres(t.Context(), cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewPedanticRegistry()
+		if err := reg.Register(st.(prometheus.Collector)); err != nil {
+			t.Fatal(err)
+		}
+		const claims = 40
+		tenant := uuid.New()
+		var wg sync.WaitGroup
+		for i := range claims {
+			wg.Go(func() {
+				_, err := st.Claim(t.Context(), idemproxy.Claim{
+					Tenant: tenant, Key: fmt.Sprint("k", i), CommandID: uuid.New(), CommandType: "POST /x",
+					Owner: uuid.New(), Lease: time.Minute,
+				})
+				if err != nil {
+					t.Errorf("claim %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		closeStore()
+		want := uint64(0)
+		if batched {
+			want = claims
+		}
+		batches, ops := histogram(t, reg, "idemproxy_store_batch_size", "claim")
+		if uint64(ops) != want || (batched && (batches < 1 || batches > claims)) || (!batched && batches != 0) {
+			t.Errorf("batched %v: idemproxy_store_batch_size{op=claim} counts %d batches summing to %v operations, want %d operations",
+				batched, batches, ops, want)
+		}
+		if waits, _ := histogram(t, reg, "idemproxy_store_queue_seconds", "claim"); waits != want {
+			t.Errorf("batched %v: idemproxy_store_queue_seconds{op=claim} counts %d waits, want %d", batched, waits, want)
+		}
+	}
+}
+
+// histogram returns the sample count and sum of a histogram's series with
+// label op.
+func histogram(t *testing.T, reg *prometheus.Registry, name, op string) (uint64, float64) {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "op" && l.GetValue() == op {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{op=%q} series", name, op)
+	return 0, 0
 }

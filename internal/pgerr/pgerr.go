@@ -26,7 +26,7 @@ import (
 // errors.Is.
 func Failure(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23") {
+	if errors.As(err, &pgErr) && Rejected(err) {
 		return fmt.Errorf("store: postgres %s rejected: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
 	}
 	if reason := PermanentReason(err); reason != "" {
@@ -38,6 +38,13 @@ func Failure(op string, err error) error {
 		}
 	}
 	return fmt.Errorf("%w: postgres %s: %v", idemproxy.ErrUnavailable, op, err)
+}
+
+// Rejected reports whether the database refused a statement's data as
+// invalid (SQLSTATE classes 22 and 23), rather than failing to run it.
+func Rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && (pgErr.Code[:2] == "22" || pgErr.Code[:2] == "23")
 }
 
 // PermanentReason names the cause of a Postgres error that retrying will

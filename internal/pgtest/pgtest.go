@@ -68,15 +68,22 @@ func Schema(t testing.TB) string {
 	name := "idemproxy_test_" + hex.EncodeToString(b)
 	Exec(t, base, "CREATE SCHEMA "+name)
 	t.Cleanup(func() { Exec(t, base, "DROP SCHEMA "+name+" CASCADE") })
-	if !strings.Contains(base, "://") {
-		return base + " search_path=" + name
+	return WithParam(t, base, "search_path", name)
+}
+
+// WithParam returns dbURL (a URL or keyword=value string) with the
+// connection parameter name set to value.
+func WithParam(t testing.TB, dbURL, name, value string) string {
+	t.Helper()
+	if !strings.Contains(dbURL, "://") {
+		return dbURL + " " + name + "=" + value
 	}
-	u, err := url.Parse(base)
+	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatalf("TEST_DATABASE_URL: %v", err)
 	}
 	q := u.Query()
-	q.Set("search_path", name)
+	q.Set(name, value)
 	u.RawQuery = q.Encode()
 	return u.String()
 }
