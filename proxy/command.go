@@ -221,8 +221,10 @@ func (c *command) record(ctx context.Context, status int, resp *idemproxy.Respon
 			time.Sleep(g.cfg.RecordRetries[attempt-1])
 		}
 		err = g.storeOp(ctx, "complete", func(ctx context.Context) error { return g.cfg.Store.Complete(ctx, comp) })
-		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && attempt > 0 && c.ownRecord(ctx)) {
-			return // written (an earlier attempt's answer may have been lost)
+		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && c.ownRecord(ctx)) {
+			// Written: an earlier run's answer was lost, this attempt's
+			// or one the store's client resent within it.
+			return
 		}
 		if errors.Is(err, idemproxy.ErrNotOwner) {
 			g.metrics.LockLost.Inc()

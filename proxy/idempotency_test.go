@@ -910,6 +910,36 @@ func testCompleteAckLost(t *testing.T, st option) {
 	e.wantCalls(1)
 }
 
+// rerunStore runs every completion twice, as a store client that resends
+// a command whose answer a broken connection lost (go-redis retries once)
+// does, and reports the second run's outcome.
+type rerunStore struct{ idemproxy.Store }
+
+func (r rerunStore) Complete(ctx context.Context, c idemproxy.Completion) error {
+	if err := r.Store.Complete(ctx, c); err != nil {
+		return err
+	}
+	return r.Store.Complete(ctx, c)
+}
+
+// A completion that the store's client ran twice reports ErrNotOwner on
+// the first attempt: the proxy finds its own record, raises no lost-lock
+// alarm, and the key replays.
+func TestCompleteRerunByTheStore(t *testing.T) { forEachStore(t, testCompleteRerunByTheStore) }
+
+func testCompleteRerunByTheStore(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Store = rerunStore{c.Store} })
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
+		t.Fatalf("lock lost: %v, want 0 (the record is the command's own)", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 0 {
+		t.Fatalf("record write failures: %v, want 0", got)
+	}
+	e.wantReplay(e.do(req{key: "k"}), proxy.ModeNoop, http.StatusCreated)
+	e.wantCalls(1)
+}
+
 // TestTokenDecidesAtTheProxy: with both sources, in either order, a token
 // for one tenant and a header naming another is refused before anything
 // is claimed or forwarded; the token alone acts in its own key space.

@@ -31,7 +31,7 @@ type RedisOptions struct {
 	// Cluster makes the store a Redis Cluster client.
 	Cluster bool
 	// Prefix begins every key the store writes. It may not contain '{',
-	// '}' or a glob character (*?[]\). Empty means "idemproxy:".
+	// '}' or a glob character (*?[]\). Empty means DefaultRedisPrefix.
 	Prefix string
 	// OpTimeout bounds each operation, including the wait for a pooled
 	// connection, the dial and a server that does not answer at all
@@ -87,6 +87,14 @@ type Redis struct {
 	waitReplicas int
 }
 
+// DefaultRedisPrefix begins the store's keys when RedisOptions.Prefix is
+// empty.
+const DefaultRedisPrefix = "idemproxy:"
+
+// RedisCompleteSHA is the SHA-1 by which Complete calls its script
+// (EVALSHA), for tests that pick completions out of the traffic.
+var RedisCompleteSHA = completeScript.Hash()
+
 // The scripts. Times are microseconds of Redis's clock, formatted with
 // %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years).
 var (
@@ -129,7 +137,7 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 		opts.LockGrace = time.Hour
 	}
 	if opts.Prefix == "" {
-		opts.Prefix = "idemproxy:"
+		opts.Prefix = DefaultRedisPrefix
 	}
 	if opts.Logger != nil {
 		redis.SetLogger(redisLog{opts.Logger})

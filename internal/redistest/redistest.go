@@ -5,9 +5,9 @@
 // Without Redis a test is skipped loudly on a developer's machine and
 // fails under CI=true: a missing Redis never passes as a skip in CI.
 //
-// Age and Count look at a Redis store's entries from outside, for tests of
-// code above the store (the proxy's, the fault suite's); Through puts a
-// faultnet proxy between a store and its server.
+// Age, Count and Delete reach a Redis store's entries from outside, for
+// tests of code above the store (the proxy's, the fault suite's); Through
+// puts a faultnet proxy between a store and its server.
 //
 // It imports no idemproxy package but internal/faultnet, so the store
 // package's own tests can use it.
@@ -390,6 +390,22 @@ func Count(t testing.TB, c redis.UniversalClient, match string) int {
 	err := eachKey(c, match, func(context.Context, redis.Cmdable, string) error { n++; return nil })
 	if err != nil {
 		t.Fatalf("count %q: %v", match, err)
+	}
+	return n
+}
+
+// Delete deletes every key that matches the glob match, on the server or
+// every master of a cluster, and returns how many it deleted.
+func Delete(t testing.TB, c redis.UniversalClient, match string) int {
+	t.Helper()
+	n := 0
+	err := eachKey(c, match, func(ctx context.Context, node redis.Cmdable, key string) error {
+		deleted, err := node.Del(ctx, key).Result()
+		n += int(deleted)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("delete %q: %v", match, err)
 	}
 	return n
 }
