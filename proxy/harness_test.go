@@ -167,6 +167,7 @@ func redisBackend(t *testing.T) *backend {
 	fn, via := redistest.Through(t, url)
 	direct := redistest.Client(t, url)
 	prefix := redistest.Prefix()
+	t.Cleanup(func() { redistest.Delete(t, direct, prefix+"*") })
 	match := func(tenant uuid.UUID) string { return prefix + tenant.String() + ":*" }
 	return &backend{t: t, net: fn,
 		open: func() idemproxy.Store {
