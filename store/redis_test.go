@@ -262,7 +262,8 @@ func waitReplicated(t *testing.T, primary, replica *redistest.Server) {
 }
 
 // TestRedisWaitReplicas: with WaitReplicas, claims and completions are on
-// the replica when they return, and fail closed when it is gone.
+// the replica when they return, and fail closed when it is gone (a claim
+// dropping its lock).
 func TestRedisWaitReplicas(t *testing.T) {
 	t.Parallel()
 	primary := redistest.StartServer(t, "--repl-diskless-sync-delay", "0")
@@ -283,7 +284,15 @@ func TestRedisWaitReplicas(t *testing.T) {
 	}
 	replica.Stop()
 	for _, op := range []func() error{
-		func() error { _, err := r.Claim(t.Context(), storetest.NewClaim(c.Tenant, "order-2", "a")); return err },
+		func() error {
+			_, err := r.Claim(t.Context(), storetest.NewClaim(c.Tenant, "order-2", "a"))
+			// The claim failed: it leaves no lock that would refuse a
+			// retry until its lease ends.
+			if _, lookupErr := r.Lookup(t.Context(), c.Tenant, "order-2"); !errors.Is(lookupErr, idemproxy.ErrNotFound) {
+				t.Errorf("after a claim no replica acknowledged, Lookup: got %v, want ErrNotFound", lookupErr)
+			}
+			return err
+		},
 		func() error {
 			return r.Complete(t.Context(), storetest.Completion(storetest.NewClaim(c.Tenant, "order-2", "a"), 201, nil))
 		},
