@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -404,4 +405,43 @@ func (e *env) wantReplay(resp *http.Response, mode proxy.Mode, status int) {
 		return
 	}
 	wantStatus(e.t, resp, status)
+}
+
+// giveUp sends a keyed POST and cancels it, as a client that gives up,
+// once entered says the command has reached the upstream (or handler).
+func (e *env) giveUp(key string, entered <-chan struct{}) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/orders", strings.NewReader("x"))
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("X-Tenant-ID", e.tenant.String())
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(r)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		e.t.Fatalf("client error: got %v, want canceled", err)
+	}
+}
+
+// waitRecord waits (bounded) until key has a record.
+func waitRecord(t *testing.T, st idemproxy.Store, tenant uuid.UUID, key string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e, err := st.Lookup(context.Background(), tenant, key)
+		if err == nil && e.State == idemproxy.StateSucceeded {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record for %q: %+v %v", key, e, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

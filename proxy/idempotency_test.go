@@ -484,36 +484,9 @@ func TestClientGivesUp(t *testing.T) { forEachStore(t, testClientGivesUp) }
 func testClientGivesUp(t *testing.T, st option) {
 	e := newEnv(t, st)
 	entered, release := blockingUpstream(t, e)
-	ctx, cancel := context.WithCancel(context.Background())
-	r, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+"/orders", strings.NewReader("x"))
-	r.Header.Set("Idempotency-Key", "gone")
-	r.Header.Set("X-Tenant-ID", e.tenant.String())
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(r)
-		if err == nil {
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
-	<-entered
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("client error: got %v, want canceled", err)
-	}
+	e.giveUp("gone", entered)
 	release()
-	// Wait (bounded) for the record: the proxy finishes on its own.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ent, err := e.store.Lookup(context.Background(), e.tenant, "gone")
-		if err == nil && ent.State == idemproxy.StateSucceeded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record not written after the client left: %+v %v", ent, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitRecord(t, e.store, e.tenant, "gone") // the proxy finishes on its own
 	resp := e.do(req{key: "gone", body: "x"})
 	wantStatus(t, resp, http.StatusCreated)
 	if resp.Header.Get("Idempotent-Replayed") != "true" {

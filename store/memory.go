@@ -1,8 +1,3 @@
-// Package store implements the idempotency stores: Memory for a single
-// replica and Postgres for any number of replicas. Both satisfy
-// idemproxy.Store and run its conformance suite, store/storetest; no
-// driver type leaves this package. The Postgres store's schema is applied
-// by package migrations.
 package store
 
 import (

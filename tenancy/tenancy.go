@@ -1,5 +1,3 @@
-// Package tenancy resolves the tenant of a request from a header or from a
-// verified JWT, in a configured order, and puts it in the request context.
 package tenancy
 
 import (
