@@ -883,9 +883,9 @@ func testCompleteAckLost(t *testing.T, st option) {
 	e.wantCalls(1)
 }
 
-// rerunStore runs every completion twice, as a store client that resends
-// a command whose answer a broken connection lost (go-redis retries once)
-// does, and reports the second run's outcome.
+// rerunStore runs every completion and release twice, as a store client
+// that resends a command whose answer a broken connection lost (go-redis
+// retries once) does, and reports the second run's outcome.
 type rerunStore struct{ idemproxy.Store }
 
 func (r rerunStore) Complete(ctx context.Context, c idemproxy.Completion) error {
@@ -895,22 +895,42 @@ func (r rerunStore) Complete(ctx context.Context, c idemproxy.Completion) error 
 	return r.Store.Complete(ctx, c)
 }
 
-// A completion that the store's client ran twice reports ErrNotOwner on
-// the first attempt: the proxy finds its own record, raises no lost-lock
-// alarm, and the key replays.
-func TestCompleteRerunByTheStore(t *testing.T) { forEachStore(t, testCompleteRerunByTheStore) }
+func (r rerunStore) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	if err := r.Store.Release(ctx, tenant, key, owner); err != nil {
+		return err
+	}
+	return r.Store.Release(ctx, tenant, key, owner)
+}
 
-func testCompleteRerunByTheStore(t *testing.T, st option) {
+// A completion or release that the store's client ran twice reports
+// ErrNotOwner on the first attempt: the proxy sees that the key is
+// released, or holds its own record, and raises no lost-lock alarm.
+func TestRerunByTheStore(t *testing.T) { forEachStore(t, testRerunByTheStore) }
+
+func testRerunByTheStore(t *testing.T, st option) {
 	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Store = rerunStore{c.Store} })
+	var fail atomic.Bool
+	fail.Store(true)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Swap(false) {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	wantStatus(t, e.do(req{key: "k"}), http.StatusInternalServerError)
+	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
+		t.Fatalf("lock lost after the release: %v, want 0 (the key is free)", got)
+	}
 	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
-		t.Fatalf("lock lost: %v, want 0 (the record is the command's own)", got)
+		t.Fatalf("lock lost after the completion: %v, want 0 (the record is the command's own)", got)
 	}
 	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 0 {
 		t.Fatalf("record write failures: %v, want 0", got)
 	}
 	e.wantReplay(e.do(req{key: "k"}), proxy.ModeNoop, http.StatusCreated)
-	e.wantCalls(1)
+	e.wantCalls(2)
 }
 
 // TestTokenDecidesAtTheProxy: with both sources, in either order, a token
