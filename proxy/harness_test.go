@@ -130,7 +130,6 @@ func memoryStore(*env, *proxy.Config, *tenancy.Config) {}
 // replica (an env, or a proxy of its own) opens a client of it with a pool
 // of its own, through one network path the test can break.
 type backend struct {
-	t *testing.T
 	// net is the path between every client the test opens and the
 	// server.
 	net *faultnet.Proxy
@@ -146,7 +145,7 @@ type backend struct {
 // postgresBackend is the Postgres at TEST_DATABASE_URL.
 func postgresBackend(t *testing.T) *backend {
 	fn, via := pgtest.Faultnet(t, pgtest.URL(t))
-	return &backend{t: t, net: fn,
+	return &backend{net: fn,
 		open: func() idemproxy.Store {
 			pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: via, MaxConns: 8})
 			if err != nil {
@@ -170,7 +169,7 @@ func redisBackend(t *testing.T) *backend {
 	prefix := redistest.Prefix()
 	t.Cleanup(func() { redistest.Delete(t, direct, prefix+"*") })
 	match := func(tenant uuid.UUID) string { return prefix + tenant.String() + ":*" }
-	return &backend{t: t, net: fn,
+	return &backend{net: fn,
 		open: func() idemproxy.Store {
 			r, err := store.NewRedis(store.RedisOptions{URL: via, Prefix: prefix, PoolSize: 8, AutoPipeline: true})
 			if err != nil {
@@ -186,8 +185,8 @@ func redisBackend(t *testing.T) *backend {
 
 // sharedBackends are the stores several replicas share.
 var sharedBackends = []struct {
-	name string
-	open func(*testing.T) *backend
+	name       string
+	newBackend func(*testing.T) *backend
 }{{"postgres", postgresBackend}, {"redis", redisBackend}}
 
 // on runs the env on a new backend.
@@ -203,14 +202,14 @@ func on(newBackend func(*testing.T) *backend) option {
 func forEachStore(t *testing.T, f func(t *testing.T, st option)) {
 	t.Run("memory", func(t *testing.T) { f(t, memoryStore) })
 	for _, b := range sharedBackends {
-		t.Run(b.name, func(t *testing.T) { f(t, on(b.open)) })
+		t.Run(b.name, func(t *testing.T) { f(t, on(b.newBackend)) })
 	}
 }
 
 // forEachSharedStore runs a test once per shared store.
 func forEachSharedStore(t *testing.T, f func(t *testing.T, b *backend)) {
 	for _, b := range sharedBackends {
-		t.Run(b.name, func(t *testing.T) { f(t, b.open(t)) })
+		t.Run(b.name, func(t *testing.T) { f(t, b.newBackend(t)) })
 	}
 }
 
