@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -14,51 +13,45 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
-// TestCompleteWhoseAckWasLostIsNotALostLock loses the database's answer to
-// the statement that writes a record, after the database committed it.
-// idemproxy retries the write, finds its own record already there, and
-// must count that as written.
+// TestCompleteWhoseAckWasLostIsNotALostLock loses the store's answer to
+// the operation that writes a record, after the store carried it out
+// (Postgres committed the statement; Redis ran the script). idemproxy
+// retries the write, finds its own record already there, and must count
+// that as written.
 //
 // Regression test: proxy.complete used to count such a retry's
 // ErrNotOwner (the row is already 'succeeded') as a lost lock and log a
 // possible double execution; it now looks the key up and accepts its own
 // record.
 func TestCompleteWhoseAckWasLostIsNotALostLock(t *testing.T) {
-	dbURL := pgtest.URL(t)
-	pgu, err := url.Parse(dbURL)
-	if err != nil || pgu.Host == "" {
-		t.Fatalf("TEST_DATABASE_URL must be a postgres:// URL with host:port, got %q", dbURL)
-	}
-	drop, err := newAckDropper(pgu.Host, []byte("UPDATE idempotency_keys SET"))
+	forEachStore(t, testCompleteWhoseAckWasLostIsNotALostLock)
+}
+
+func testCompleteWhoseAckWasLostIsNotALostLock(t *testing.T, b *backend) {
+	drop, err := newAckDropper(b.addr(), b.completion.marker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// In exec mode pgx sends each statement's text with its execution in
-	// one write, so the dropper sees the statement it must act on.
-	u := *pgu
-	u.Host = drop.addr()
-	q := u.Query()
-	q.Set("default_query_exec_mode", "exec")
-	u.RawQuery = q.Encode()
+	q := b.server.Query()
+	for k, vs := range b.completion.query {
+		q[k] = vs
+	}
+	b.server.RawQuery = q.Encode()
 	up, err := newUpstream(1, upstreamTimeout, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &slot{env: []string{
+	s := &slot{env: append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0",
 		"IDEMPROXY_ADMIN_ADDR=127.0.0.1:0",
 		"IDEMPROXY_UPSTREAM_URL=http://" + up.addr(0),
-		"IDEMPROXY_STORE=postgres",
-		"IDEMPROXY_DATABASE_URL=" + u.String(),
 		"IDEMPROXY_UPSTREAM_TIMEOUT=" + upstreamTimeout.String(),
 		"IDEMPROXY_LOCK_TIMEOUT=" + lockTimeout.String(),
 		"IDEMPROXY_STORE_TIMEOUT=" + storeTimeout.String(),
-	}}
+	}, b.env(drop.addr())...)}
 	t.Cleanup(func() {
 		for _, inst := range s.instances() {
 			if !inst.exited() {
@@ -73,7 +66,7 @@ func TestCompleteWhoseAckWasLostIsNotALostLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	tenant, key := uuid.NewString(), "ack-lost-"+uuid.NewString()
-	t.Cleanup(func() { deleteTenants(t, dbURL, []string{tenant}) })
+	t.Cleanup(func() { b.clean(t, []string{tenant}) })
 
 	drop.arm()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+inst.proxy+"/orders", strings.NewReader(`{"item":1}`))
@@ -96,9 +89,9 @@ func TestCompleteWhoseAckWasLostIsNotALostLock(t *testing.T) {
 	if n := len(execs[keyID(tenant, key)]); n != 1 {
 		t.Fatalf("upstream executions: got %d, want 1", n)
 	}
-	rows := readRows(t, dbURL, []string{tenant})
+	rows := b.rows(t, []string{tenant}, []string{keyID(tenant, key)})
 	if row := rows[keyID(tenant, key)]; row.state != "succeeded" || row.commandID != cmd {
-		t.Fatalf("row: got %+v, want succeeded with command %s (the first write committed)", row, cmd)
+		t.Fatalf("entry: got %+v, want succeeded with command %s (the first write took effect)", row, cmd)
 	}
 	inst.scrape()
 	lost := inst.metric("idemproxy_lock_lost_total")
@@ -109,17 +102,17 @@ func TestCompleteWhoseAckWasLostIsNotALostLock(t *testing.T) {
 	logged := len(inst.logs.lockLost)
 	inst.logs.mu.Unlock()
 	if lost != 0 || logged != 0 {
-		t.Errorf("PRODUCT BUG: the record of command %s was written (the first attempt committed, its acknowledgement was lost), "+
+		t.Errorf("PRODUCT BUG: the record of command %s was written (the first attempt took effect, its acknowledgement was lost), "+
 			"yet idemproxy_lock_lost_total is %v and %d \"the lock expired and was claimed again; the command may have run twice\" "+
 			"errors were logged; want 0 and 0: a completion retry must recognise its own record (see this test's comment)",
 			cmd, lost, logged)
 	}
 }
 
-// ackDropper is a TCP proxy in front of Postgres that, once armed, lets the
-// first client message containing needle through and then drops the
-// server's answer to it and closes the connection: the statement commits,
-// the client never learns it.
+// ackDropper is a TCP proxy in front of the store that, once armed, lets
+// the first client message containing needle through and then drops the
+// server's answer to it and closes the connection: the statement commits
+// (the script runs), the client never learns it.
 type ackDropper struct {
 	target string
 	needle []byte

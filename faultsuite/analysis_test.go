@@ -126,14 +126,15 @@ type verdict struct {
 	LockLostFalseAlarms int `json:"lock_lost_false_alarms"`
 }
 
-// dbRow is a key's row in idempotency_keys at the end.
-type dbRow struct {
+// storedEntry is what the store holds for a key at the end (on Postgres,
+// its row in idempotency_keys).
+type storedEntry struct {
 	state, commandID string
 }
 
 // judge checks every key: executions against evidence, what the clients
-// got, and the rows left in Postgres.
-func judge(execs map[string][]execution, byCmd map[string]int, results []*keyResult, rows map[string]dbRow, ev *evidence) verdict {
+// got, and the entries left in the store.
+func judge(execs map[string][]execution, byCmd map[string]int, results []*keyResult, rows map[string]storedEntry, ev *evidence) verdict {
 	v := verdict{ExplainedByReason: map[string]int{}}
 	violate := func(format string, args ...any) {
 		if len(v.Violations) < 100 {
@@ -272,9 +273,9 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 		row, found := rows[id]
 		switch {
 		case !found:
-			violate("%s: got 2xx for command %s but no row is left in idempotency_keys", id, last)
+			violate("%s: got 2xx for command %s but the store holds no entry for it", id, last)
 		case row.state != "succeeded":
-			violate("%s: got 2xx for command %s but its row is %s (command %s): the response was released before the record was durable",
+			violate("%s: got 2xx for command %s but its entry is %s (command %s): the response was released before the record was durable",
 				id, last, row.state, row.commandID)
 		case row.commandID != last && !(kr.Variant != "" && executedCmds[id][row.commandID] && allExplained[id]):
 			violate("%s: the client was told command %s, the record names %s", id, last, row.commandID)

@@ -77,20 +77,20 @@ func (c *chaos) run(ctx context.Context) {
 	// repeats the whole list many times.
 	steps := []func(context.Context){
 		c.killInFlight,
-		c.dbCutOne,
+		c.storeCutOne,
 		c.upstreamMode(modeSlow, 2*time.Second),
-		c.dbCutAll,
+		c.storeCutAll,
 		c.cutBetweenClaimAndComplete,
 		c.upstreamMode(modeReset, time.Second),
 		c.upstreamMode(mode5xx, time.Second),
 		c.sigtermRestart,
-		c.dbBlackholeOne,
-		c.restartDuringDBCut,
+		c.storeBlackholeOne,
+		c.restartDuringStoreCut,
 		c.upstreamPathCut,
 		c.killAnyTime,
 		c.cutBetweenClaimAndComplete,
 		c.upstreamMode(modeSlow, time.Second),
-		c.dbBlackholeAll,
+		c.storeBlackholeAll,
 	}
 	for i := 0; ; i++ {
 		sleep(ctx, c.between(c.calm, 2*c.calm))
@@ -143,46 +143,46 @@ func (c *chaos) killAnyTime(ctx context.Context) {
 	c.kill(c.nextKillable(), "sigkill", c.between(100*time.Millisecond, time.Second))
 }
 
-func (c *chaos) dbCutOne(ctx context.Context) {
+func (c *chaos) storeCutOne(ctx context.Context) {
 	s := c.slots[c.rng.IntN(len(c.slots))]
 	d := c.between(time.Second, 3*time.Second)
-	f := fault{Kind: "db-cut", Slot: s.idx, Start: time.Now(), Detail: d.String()}
-	s.db.Cut()
+	f := fault{Kind: "store-cut", Slot: s.idx, Start: time.Now(), Detail: d.String()}
+	s.store.Cut()
 	sleep(ctx, d)
-	s.db.Restore()
+	s.store.Restore()
 	f.End = time.Now()
 	c.record(f)
 }
 
-func (c *chaos) dbCutAll(ctx context.Context) {
+func (c *chaos) storeCutAll(ctx context.Context) {
 	d := c.between(time.Second, 3*time.Second)
-	f := fault{Kind: "db-cut", Slot: -1, Start: time.Now(), Detail: d.String()}
+	f := fault{Kind: "store-cut", Slot: -1, Start: time.Now(), Detail: d.String()}
 	for _, s := range c.slots {
-		s.db.Cut()
+		s.store.Cut()
 	}
 	sleep(ctx, d)
 	for _, s := range c.slots {
-		s.db.Restore()
+		s.store.Restore()
 	}
 	f.End = time.Now()
 	c.record(f)
 }
 
-// dbBlackholeOne loses one replica's database traffic without closing
-// anything: statements time out instead of failing fast.
-func (c *chaos) dbBlackholeOne(ctx context.Context) {
+// storeBlackholeOne loses one replica's store traffic without closing
+// anything: operations time out instead of failing fast.
+func (c *chaos) storeBlackholeOne(ctx context.Context) {
 	s := c.slots[c.rng.IntN(len(c.slots))]
 	d := c.between(time.Second, 3*time.Second)
-	f := fault{Kind: "db-blackhole", Slot: s.idx, Start: time.Now(), Detail: d.String()}
-	s.db.Blackhole()
+	f := fault{Kind: "store-blackhole", Slot: s.idx, Start: time.Now(), Detail: d.String()}
+	s.store.Blackhole()
 	sleep(ctx, d)
-	s.db.Restore()
+	s.store.Restore()
 	f.End = time.Now()
 	c.record(f)
 }
 
 // cutBetweenClaimAndComplete delays the upstream's answers, lets commands
-// get claimed and forwarded, then cuts the database (of one replica or of
+// get claimed and forwarded, then cuts the store (of one replica or of
 // all) so that their completion fails: idemproxy must keep those locks
 // (RECORD WRITE FAILED), never release them.
 func (c *chaos) cutBetweenClaimAndComplete(ctx context.Context) {
@@ -195,13 +195,13 @@ func (c *chaos) cutBetweenClaimAndComplete(ctx context.Context) {
 	c.up.setMode(modeDelay)
 	sleep(ctx, c.up.delay/2)
 	d := c.between(1500*time.Millisecond, 2500*time.Millisecond)
-	f := fault{Kind: "db-cut-between-claim-and-complete", Slot: target, Start: time.Now(), Detail: d.String()}
+	f := fault{Kind: "store-cut-between-claim-and-complete", Slot: target, Start: time.Now(), Detail: d.String()}
 	for _, s := range cut {
-		s.db.Cut()
+		s.store.Cut()
 	}
 	sleep(ctx, d)
 	for _, s := range cut {
-		s.db.Restore()
+		s.store.Restore()
 	}
 	f.End = time.Now()
 	c.up.setMode(modeNormal)
@@ -251,19 +251,19 @@ func (c *chaos) sigtermRestart(ctx context.Context) {
 	c.record(f)
 }
 
-// restartDuringDBCut SIGKILLs a replica whose database path is cut and
-// starts a new one while it is still cut: it must come up (migrations
-// retried in the background, not ready meanwhile) and become ready once the
-// database is back.
-func (c *chaos) restartDuringDBCut(ctx context.Context) {
+// restartDuringStoreCut SIGKILLs a replica whose store path is cut and
+// starts a new one while it is still cut: it must come up (its start-up
+// step, Postgres's migrations or Redis's check, retried in the background,
+// not ready meanwhile) and become ready once the store is back.
+func (c *chaos) restartDuringStoreCut(ctx context.Context) {
 	s := c.nextKillable()
 	d := c.between(1500*time.Millisecond, 3*time.Second)
-	cut := fault{Kind: "db-cut", Slot: s.idx, Start: time.Now(), Detail: d.String() + ", replica restarted meanwhile"}
-	s.db.Cut()
+	cut := fault{Kind: "store-cut", Slot: s.idx, Start: time.Now(), Detail: d.String() + ", replica restarted meanwhile"}
+	s.store.Cut()
 	inst := s.current()
 	inst.kill()
 	killedAt, _ := inst.killed()
-	f := fault{Kind: "sigkill-restart-while-db-cut", Slot: s.idx, Start: killedAt,
+	f := fault{Kind: "sigkill-restart-while-store-cut", Slot: s.idx, Start: killedAt,
 		Detail: fmt.Sprintf("gen %d pid %d", inst.gen, inst.cmd.Process.Pid), Restarted: time.Now()}
 	started := make(chan error, 1)
 	go func() {
@@ -271,25 +271,25 @@ func (c *chaos) restartDuringDBCut(ctx context.Context) {
 		started <- err
 	}()
 	time.Sleep(d)
-	s.db.Restore()
+	s.store.Restore()
 	cut.End = time.Now()
 	c.record(cut)
 	if err := <-started; err != nil {
-		c.fail(fmt.Errorf("restart while the database was cut: %w", err))
+		c.fail(fmt.Errorf("restart while the store was cut: %w", err))
 	}
 	f.End = time.Now()
 	c.record(f)
 }
 
-func (c *chaos) dbBlackholeAll(ctx context.Context) {
+func (c *chaos) storeBlackholeAll(ctx context.Context) {
 	d := c.between(time.Second, 2500*time.Millisecond)
-	f := fault{Kind: "db-blackhole", Slot: -1, Start: time.Now(), Detail: d.String()}
+	f := fault{Kind: "store-blackhole", Slot: -1, Start: time.Now(), Detail: d.String()}
 	for _, s := range c.slots {
-		s.db.Blackhole()
+		s.store.Blackhole()
 	}
 	sleep(ctx, d)
 	for _, s := range c.slots {
-		s.db.Restore()
+		s.store.Restore()
 	}
 	f.End = time.Now()
 	c.record(f)

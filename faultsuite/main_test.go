@@ -1,23 +1,28 @@
 //go:build fault
 
 // Package faultsuite is idemproxy's fault-and-load suite: it builds the real
-// binary, runs three replicas of it against the real Postgres and a counting
-// upstream, loads them with keyed requests while a chaos loop kills
-// replicas, cuts the database and makes the upstream slow, reset and fail,
-// and then checks, key by key, how many times the upstream executed each
-// (tenant, key).
+// binary, runs three replicas of it sharing a real store (Postgres or
+// Redis) in front of a counting upstream, loads them with keyed requests
+// while a chaos loop kills replicas, cuts and blackholes the store and
+// makes the upstream slow, reset and fail, and then checks, key by key, how
+// many times the upstream executed each (tenant, key).
 //
 // It is behind the build tag fault, so `go test ./...` skips it:
 //
 //	go test -tags fault -count=1 -run . ./faultsuite/ -timeout 10m      # bounded CI run
 //	go test -tags fault -count=1 -run . ./faultsuite/ -timeout 60m -soak # >= 100 000 keyed requests
 //
-// Environment: FAULT_SOAK=1 is -soak; FAULT_DURATION (a Go duration) sets
+// Environment: FAULT_STORE names the stores to run on, a comma-separated
+// list of postgres (the default) and redis, each a subtest of every test
+// (FAULT_STORE=redis for the Redis run, FAULT_STORE=postgres,redis for
+// both); FAULT_SOAK=1 is -soak; FAULT_DURATION (a Go duration) sets
 // how long the load runs; FAULT_MIN_REQUESTS the least number of keyed
 // requests sent before it stops; FAULT_CLIENTS the number of client
 // goroutines; FAULT_SEED the random seed; FAULT_REPORT=path writes the JSON
-// report there; FAULT_LOGDIR=dir keeps every replica's full log there.
-// TEST_DATABASE_URL names the Postgres (see internal/pgtest).
+// report there (with the store's name before the extension when
+// FAULT_STORE names several); FAULT_LOGDIR=dir keeps every replica's full
+// log in dir/<store>/. TEST_DATABASE_URL names the Postgres (see
+// internal/pgtest), TEST_REDIS_URL the Redis (see internal/redistest).
 package faultsuite
 
 import (

@@ -25,13 +25,13 @@ import (
 )
 
 // slot is one of the replicas: a position that keeps its network paths
-// (to Postgres and to the upstream, each through a faultnet proxy of its
+// (to the store and to the upstream, each through a faultnet proxy of its
 // own) while the process behind it is killed and restarted.
 type slot struct {
-	idx int
-	db  *faultnet.Proxy // this replica's path to Postgres
-	up  *faultnet.Proxy // this replica's path to the upstream
-	env []string
+	idx   int
+	store *faultnet.Proxy // this replica's path to the store
+	up    *faultnet.Proxy // this replica's path to the upstream
+	env   []string
 	// logDir, when set, receives each instance's full stdout.
 	logDir string
 

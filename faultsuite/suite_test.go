@@ -6,10 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,10 +20,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy/internal/faultnet"
-	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 // The replicas' timeouts: short, so that leases end and faults heal many
@@ -84,24 +84,22 @@ func makePlan(t *testing.T) plan {
 	return p
 }
 
-// TestFaultAndLoad runs three real replicas against Postgres and a counting
-// upstream under load and faults, then checks key by key that nothing ran
-// twice except inside the documented at-least-once window.
-func TestFaultAndLoad(t *testing.T) {
+// TestFaultAndLoad runs three real replicas sharing a store (each store
+// FAULT_STORE names) and a counting upstream under load and faults, then
+// checks key by key that nothing ran twice except inside the documented
+// at-least-once window.
+func TestFaultAndLoad(t *testing.T) { forEachStore(t, testFaultAndLoad) }
+
+func testFaultAndLoad(t *testing.T, b *backend) {
 	p := makePlan(t)
-	dbURL := pgtest.URL(t)
-	pgu, err := url.Parse(dbURL)
-	if err != nil || pgu.Host == "" || strings.HasPrefix(pgu.Host, "/") {
-		t.Fatalf("TEST_DATABASE_URL must be a postgres:// URL with a TCP host:port (the suite puts a TCP proxy in front of it), got %q", dbURL)
-	}
-	t.Logf("plan: soak=%v duration>=%s requests>=%d clients=%d warm-up=%s seed=%d (FAULT_SEED to repeat the schedule)",
-		p.soak, p.duration, p.minRequests, p.clients, p.warmUp, p.seed)
+	t.Logf("plan: store=%s soak=%v duration>=%s requests>=%d clients=%d warm-up=%s seed=%d (FAULT_SEED to repeat the schedule)",
+		b.name, p.soak, p.duration, p.minRequests, p.clients, p.warmUp, p.seed)
 
 	tenants := make([]string, tenantCount)
 	for i := range tenants {
 		tenants[i] = uuid.NewString()
 	}
-	t.Cleanup(func() { deleteTenants(t, dbURL, tenants) })
+	t.Cleanup(func() { b.clean(t, tenants) })
 
 	up, err := newUpstream(replicas, upstreamTimeout, p.seed)
 	if err != nil {
@@ -109,30 +107,25 @@ func TestFaultAndLoad(t *testing.T) {
 	}
 	logDir := os.Getenv("FAULT_LOGDIR")
 	if logDir != "" {
+		logDir = filepath.Join(logDir, b.name)
 		if err := os.MkdirAll(logDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	slots := make([]*slot, replicas)
 	for i := range slots {
-		db := faultnet.New(pgu.Host)
+		st := faultnet.New(b.addr())
 		upn := faultnet.New(up.addr(i))
-		u := *pgu
-		u.Host = db.Addr()
-		slots[i] = &slot{idx: i, db: db, up: upn, logDir: logDir, env: []string{
+		slots[i] = &slot{idx: i, store: st, up: upn, logDir: logDir, env: append([]string{
 			"PATH=" + os.Getenv("PATH"),
 			"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0",
 			"IDEMPROXY_ADMIN_ADDR=127.0.0.1:0",
 			"IDEMPROXY_UPSTREAM_URL=http://" + upn.Addr(),
-			"IDEMPROXY_STORE=postgres",
-			"IDEMPROXY_DATABASE_URL=" + u.String(),
 			"IDEMPROXY_UPSTREAM_TIMEOUT=" + upstreamTimeout.String(),
 			"IDEMPROXY_LOCK_TIMEOUT=" + lockTimeout.String(),
 			"IDEMPROXY_STORE_TIMEOUT=" + storeTimeout.String(),
-			"IDEMPROXY_DB_STATEMENT_TIMEOUT=" + statementTimeout.String(),
-			"IDEMPROXY_DB_MAX_CONNS=8",
 			"IDEMPROXY_LOG_LEVEL=info",
-		}}
+		}, b.env(st.Addr())...)}
 	}
 	// Teardown, also on failure: every process first, then the paths and
 	// the upstream.
@@ -145,7 +138,7 @@ func TestFaultAndLoad(t *testing.T) {
 			}
 		}
 		for _, s := range slots {
-			s.db.Close()
+			s.store.Close()
 			s.up.Close()
 		}
 		up.close()
@@ -265,15 +258,16 @@ func TestFaultAndLoad(t *testing.T) {
 	ev := &evidence{lease: lockTimeout, faults: ch.faultList(),
 		recordFailed: map[string]bool{}, lockLost: map[string]bool{}, upstreamError: map[string]bool{}}
 	rep := &report{
-		Soak: p.soak, Seed: p.seed, Replicas: replicas, Clients: p.clients, Tenants: tenantCount,
+		Store: b.name, Soak: p.soak, Seed: p.seed, Replicas: replicas, Clients: p.clients, Tenants: tenantCount,
 		LoadSeconds: loadTime.Seconds(), DrainSeconds: drainTime.Seconds(),
 		Settings: map[string]string{
 			"IDEMPROXY_UPSTREAM_TIMEOUT": upstreamTimeout.String(), "IDEMPROXY_LOCK_TIMEOUT": lockTimeout.String(),
-			"IDEMPROXY_STORE_TIMEOUT": storeTimeout.String(), "IDEMPROXY_DB_STATEMENT_TIMEOUT": statementTimeout.String(),
+			"IDEMPROXY_STORE_TIMEOUT": storeTimeout.String(),
 		},
 		FaultCounts: map[string]int{},
 		LogMessages: map[string]int{},
 	}
+	maps.Copy(rep.Settings, b.settings)
 	for _, f := range ev.faults {
 		rep.FaultCounts[f.Kind]++
 	}
@@ -319,10 +313,15 @@ func TestFaultAndLoad(t *testing.T) {
 
 	execs, byCmd := up.snapshot()
 	var results []*keyResult
+	ids := slices.Collect(maps.Keys(execs))
 	for _, c := range clients {
 		results = append(results, c.results...)
+		for _, kr := range c.results {
+			ids = append(ids, keyID(kr.Tenant, kr.Key))
+		}
 	}
-	rows := readRows(t, dbURL, tenants)
+	slices.Sort(ids)
+	rows := b.rows(t, tenants, slices.Compact(ids))
 	v := judge(execs, byCmd, results, rows, ev)
 	rep.Verdict = v
 	rep.Requests = stats.requests.Load()
@@ -336,7 +335,7 @@ func TestFaultAndLoad(t *testing.T) {
 	rep.UnexpectedAnswers = stats.unexpected
 	rep.UpstreamNotExecuted5xx = up.nonExec.Load()
 	rep.UpstreamMalformed = up.malformed.Load()
-	rep.RecordWriteFailuresOutsideDBFaults = outsideDBFaults(slots, ev.faults)
+	rep.RecordWriteFailuresOutsideStoreFaults = outsideStoreFaults(slots, ev.faults)
 	rep.Memory, rep.MemoryProblems = judgeMemory(slots, sampler, idle, p.soak)
 	rep.Crashed = crashed
 	rep.StopErrors = stopErrs
@@ -347,7 +346,7 @@ func TestFaultAndLoad(t *testing.T) {
 	rep.Faults = ev.faults
 
 	t.Log(rep.summary())
-	if path := os.Getenv("FAULT_REPORT"); path != "" {
+	if path := reportPath(b.name); path != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
 		if err := os.WriteFile(path, b, 0o644); err != nil {
 			t.Errorf("FAULT_REPORT: %v", err)
@@ -400,8 +399,8 @@ func TestFaultAndLoad(t *testing.T) {
 	if len(rep.RecordWriteFailureMismatch) > 0 {
 		t.Errorf("RECORD WRITE FAILED log lines and idemproxy_record_write_failures_total disagree: %q", rep.RecordWriteFailureMismatch)
 	}
-	if len(rep.RecordWriteFailuresOutsideDBFaults) > 0 {
-		t.Errorf("record writes failed while no database fault was on: %q", rep.RecordWriteFailuresOutsideDBFaults)
+	if len(rep.RecordWriteFailuresOutsideStoreFaults) > 0 {
+		t.Errorf("record writes failed while no store fault was on: %q", rep.RecordWriteFailuresOutsideStoreFaults)
 	}
 	for _, m := range rep.MemoryProblems {
 		t.Error(m)
@@ -411,9 +410,9 @@ func TestFaultAndLoad(t *testing.T) {
 	}
 }
 
-// outsideDBFaults lists record write failures logged when no database
+// outsideStoreFaults lists record write failures logged when no store
 // fault on that replica had been on within the few seconds before.
-func outsideDBFaults(slots []*slot, faults []fault) []string {
+func outsideStoreFaults(slots []*slot, faults []fault) []string {
 	var out []string
 	for _, s := range slots {
 		for _, inst := range s.instances() {
@@ -421,7 +420,7 @@ func outsideDBFaults(slots []*slot, faults []fault) []string {
 			for id, at := range inst.logs.recordFailed {
 				near := false
 				for _, f := range faults {
-					if !strings.HasPrefix(f.Kind, "db-") || (f.Slot != -1 && f.Slot != s.idx) {
+					if !strings.HasPrefix(f.Kind, "store-") || (f.Slot != -1 && f.Slot != s.idx) {
 						continue
 					}
 					if !at.Before(f.Start) && !at.After(f.End.Add(2*upstreamTimeout+8*storeTimeout)) {
@@ -500,53 +499,21 @@ func judgeMemory(slots []*slot, ms *memorySampler, idle map[*instance]memSample,
 	return out, problems
 }
 
-// readRows returns the suite's rows of idempotency_keys by key id.
-func readRows(t *testing.T, dbURL string, tenants []string) map[string]dbRow {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
+// reportPath is where FAULT_REPORT says the report of a run on store
+// goes: the path itself, or, when FAULT_STORE names several stores, the
+// path with the store's name before its extension.
+func reportPath(store string) string {
+	path := os.Getenv("FAULT_REPORT")
+	if path == "" || !strings.Contains(os.Getenv("FAULT_STORE"), ",") {
+		return path
 	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT tenant_id::text, key, state, command_id::text FROM idempotency_keys WHERE tenant_id::text = ANY($1)`, tenants)
-	if err != nil {
-		t.Fatalf("read rows: %v", err)
-	}
-	out := map[string]dbRow{}
-	for rows.Next() {
-		var tenant, key string
-		var r dbRow
-		if err := rows.Scan(&tenant, &key, &r.state, &r.commandID); err != nil {
-			t.Fatalf("scan: %v", err)
-		}
-		out[keyID(tenant, key)] = r
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("read rows: %v", err)
-	}
-	return out
-}
-
-// deleteTenants removes the run's rows, so the shared database does not
-// grow with every run.
-func deleteTenants(t *testing.T, dbURL string, tenants []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Logf("cleanup: connect: %v", err)
-		return
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id::text = ANY($1)`, tenants); err != nil {
-		t.Logf("cleanup: %v", err)
-	}
+	ext := filepath.Ext(path)
+	return strings.TrimSuffix(path, ext) + "-" + store + ext
 }
 
 // report is the run's figures; FAULT_REPORT writes it as JSON.
 type report struct {
+	Store        string            `json:"store"`
 	Soak         bool              `json:"soak"`
 	Seed         uint64            `json:"seed"`
 	Replicas     int               `json:"replicas"`
@@ -571,12 +538,12 @@ type report struct {
 	UpstreamNotExecuted5xx int64   `json:"upstream_5xx_not_executed"`
 	UpstreamMalformed      int64   `json:"upstream_requests_missing_tenant_or_command_id"`
 
-	RecordWriteFailuresLogged          int      `json:"record_write_failures_logged"`
-	RecordWriteFailuresMetric          float64  `json:"record_write_failures_metric"`
-	RecordWriteFailureMismatch         []string `json:"record_write_failures_log_metric_mismatch,omitempty"`
-	RecordWriteFailuresOutsideDBFaults []string `json:"record_write_failures_outside_db_faults,omitempty"`
-	LockLostLogged                     int      `json:"lock_lost_logged"`
-	LockLostMetric                     float64  `json:"lock_lost_metric"`
+	RecordWriteFailuresLogged             int      `json:"record_write_failures_logged"`
+	RecordWriteFailuresMetric             float64  `json:"record_write_failures_metric"`
+	RecordWriteFailureMismatch            []string `json:"record_write_failures_log_metric_mismatch,omitempty"`
+	RecordWriteFailuresOutsideStoreFaults []string `json:"record_write_failures_outside_store_faults,omitempty"`
+	LockLostLogged                        int      `json:"lock_lost_logged"`
+	LockLostMetric                        float64  `json:"lock_lost_metric"`
 
 	FaultCounts     map[string]int `json:"fault_counts"`
 	Faults          []fault        `json:"faults"`
@@ -592,8 +559,8 @@ type report struct {
 func (r *report) summary() string {
 	v := r.Verdict
 	var b strings.Builder
-	fmt.Fprintf(&b, "fault suite (soak=%v): %d keyed requests in %.0fs (+%.0fs drain, %.0f/s) over %d replicas (%d processes), %d clients, %d tenants",
-		r.Soak, r.Requests, r.LoadSeconds, r.DrainSeconds, r.RequestsPerSecond, r.Replicas, r.Instances, r.Clients, r.Tenants)
+	fmt.Fprintf(&b, "fault suite (store=%s, soak=%v): %d keyed requests in %.0fs (+%.0fs drain, %.0f/s) over %d replicas (%d processes), %d clients, %d tenants",
+		r.Store, r.Soak, r.Requests, r.LoadSeconds, r.DrainSeconds, r.RequestsPerSecond, r.Replicas, r.Instances, r.Clients, r.Tenants)
 	fmt.Fprintf(&b, "; %d keys (%d got 2xx: %d first-time, %d replayed; %d without 2xx, %d of them definite errors)",
 		v.Keys, v.KeysOK, v.KeysFirstTime2xx, v.KeysReplayed2xx, v.KeysFailed, v.KeysFailedDefinite)
 	fmt.Fprintf(&b, "; %d upstream executions of %d keys, %d keys ran more than once: %d explained duplicates %v, %d UNEXPLAINED, %d inside a lease, %d same command twice",

@@ -221,8 +221,10 @@ func (c *command) record(ctx context.Context, status int, resp *idemproxy.Respon
 			time.Sleep(g.cfg.RecordRetries[attempt-1])
 		}
 		err = g.storeOp(ctx, "complete", func(ctx context.Context) error { return g.cfg.Store.Complete(ctx, comp) })
-		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && attempt > 0 && c.ownRecord(ctx)) {
-			return // written (an earlier attempt's answer may have been lost)
+		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && c.ownRecord(ctx)) {
+			// Written: an earlier run's answer was lost, this attempt's
+			// or one the store's client resent within it.
+			return
 		}
 		if errors.Is(err, idemproxy.ErrNotOwner) {
 			g.metrics.LockLost.Inc()
@@ -247,12 +249,24 @@ func (c *command) ownRecord(ctx context.Context) bool {
 	return err == nil && e.State == idemproxy.StateSucceeded && e.CommandID == c.claim.CommandID
 }
 
+// keyFree reports whether the key holds no live lock or record.
+func (c *command) keyFree(ctx context.Context) bool {
+	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) error {
+		_, err := c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
+		return err
+	})
+	return errors.Is(err, idemproxy.ErrNotFound)
+}
+
 // release drops the lock of a command known not to have taken effect.
 func (c *command) release(ctx context.Context) {
 	g, cl := c.idem, c.claim
 	err := g.storeOp(ctx, "release", func(ctx context.Context) error {
 		return g.cfg.Store.Release(ctx, cl.Tenant, cl.Key, cl.Owner)
 	})
+	if errors.Is(err, idemproxy.ErrNotOwner) && c.keyFree(ctx) {
+		return // released: the answer to a resent release was lost
+	}
 	if err != nil {
 		if errors.Is(err, idemproxy.ErrNotOwner) {
 			g.metrics.LockLost.Inc()

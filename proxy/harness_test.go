@@ -19,7 +19,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/faultnet"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -109,8 +111,9 @@ type env struct {
 	proxy   *proxy.Proxy
 	metrics *proxy.Metrics
 	tenant  uuid.UUID
-	// postgres is set when the env runs on the Postgres store.
-	postgres bool
+	// backend is set when the env runs on a shared store (Postgres,
+	// Redis) instead of the memory store on its fake clock.
+	backend *backend
 }
 
 // option adjusts an env before its proxy is built.
@@ -123,37 +126,113 @@ func withMode(m proxy.Mode) option {
 // memoryStore is the default: an in-process store on the env's fake clock.
 func memoryStore(*env, *proxy.Config, *tenancy.Config) {}
 
-// postgresStore runs the env on the real Postgres at TEST_DATABASE_URL.
-func postgresStore(e *env, c *proxy.Config, _ *tenancy.Config) {
-	pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: pgtest.URL(e.t), MaxConns: 8})
-	if err != nil {
-		e.t.Fatalf("NewPostgres: %v", err)
-	}
-	e.t.Cleanup(pg.Close)
-	c.Store = pg
-	e.postgres = true
+// backend is the server of a shared store as one test uses it: each
+// replica (an env, or a proxy of its own) opens a client of it with a pool
+// of its own, through one network path the test can break.
+type backend struct {
+	// net is the path between every client the test opens and the
+	// server.
+	net *faultnet.Proxy
+	// open returns a new client through net, closed when the test ends.
+	open func() idemproxy.Store
+	// age lets d pass on the server's clock for tenant's entries and
+	// returns how many it moved; count counts them, ended ones not yet
+	// purged included.
+	age   func(tenant uuid.UUID, d time.Duration) int
+	count func(tenant uuid.UUID) int
 }
 
-// forEachStore runs a test once per store.
+// postgresBackend is the Postgres at TEST_DATABASE_URL.
+func postgresBackend(t *testing.T) *backend {
+	fn, via := pgtest.Faultnet(t, pgtest.URL(t))
+	return &backend{net: fn,
+		open: func() idemproxy.Store {
+			pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: via, MaxConns: 8})
+			if err != nil {
+				t.Fatalf("NewPostgres: %v", err)
+			}
+			t.Cleanup(pg.Close)
+			return pg
+		},
+		age:   func(tenant uuid.UUID, d time.Duration) int { return int(pgtest.Age(t, tenant, d)) },
+		count: func(tenant uuid.UUID) int { return pgtest.Count(t, tenant) },
+	}
+}
+
+// redisBackend is the shared Redis at TEST_REDIS_URL, with a key prefix of
+// the test's own; its clients autopipeline, as the command's do by
+// default.
+func redisBackend(t *testing.T) *backend {
+	url := redistest.SharedURL(t)
+	fn, via := redistest.Through(t, url)
+	direct := redistest.Client(t, url)
+	prefix := redistest.Prefix()
+	t.Cleanup(func() { redistest.Delete(t, direct, prefix+"*") })
+	match := func(tenant uuid.UUID) string { return prefix + tenant.String() + ":*" }
+	return &backend{net: fn,
+		open: func() idemproxy.Store {
+			r, err := store.NewRedis(store.RedisOptions{URL: via, Prefix: prefix, PoolSize: 8, AutoPipeline: true})
+			if err != nil {
+				t.Fatalf("NewRedis: %v", err)
+			}
+			t.Cleanup(func() { r.Close() })
+			return r
+		},
+		age:   func(tenant uuid.UUID, d time.Duration) int { return redistest.Age(t, direct, match(tenant), d) },
+		count: func(tenant uuid.UUID) int { return redistest.Count(t, direct, match(tenant)) },
+	}
+}
+
+// sharedBackends are the stores several replicas share.
+var sharedBackends = []struct {
+	name       string
+	newBackend func(*testing.T) *backend
+}{{"postgres", postgresBackend}, {"redis", redisBackend}}
+
+// on runs the env on a new backend.
+func on(newBackend func(*testing.T) *backend) option {
+	return func(e *env, c *proxy.Config, _ *tenancy.Config) {
+		e.backend = newBackend(e.t)
+		c.Store = e.backend.open()
+	}
+}
+
+// forEachStore runs a test once per store: the memory store, and each
+// shared one.
 func forEachStore(t *testing.T, f func(t *testing.T, st option)) {
 	t.Run("memory", func(t *testing.T) { f(t, memoryStore) })
-	t.Run("postgres", func(t *testing.T) { f(t, postgresStore) })
+	for _, b := range sharedBackends {
+		t.Run(b.name, func(t *testing.T) { f(t, on(b.newBackend)) })
+	}
+}
+
+// forEachSharedStore runs a test once per shared store.
+func forEachSharedStore(t *testing.T, f func(t *testing.T, b *backend)) {
+	for _, b := range sharedBackends {
+		t.Run(b.name, func(t *testing.T) { f(t, b.newBackend(t)) })
+	}
 }
 
 // advance lets d pass for the env's tenant: on the fake clock for the
-// memory store, by ageing the tenant's rows for Postgres.
+// memory store, by moving the tenant's times back on a shared one (which
+// must hold some).
 func (e *env) advance(d time.Duration) {
-	if e.postgres {
-		pgtest.Age(e.t, e.tenant, d)
+	e.t.Helper()
+	if e.backend == nil {
+		e.clock.Advance(d)
 		return
 	}
-	e.clock.Advance(d)
+	if e.backend.age(e.tenant, d) == 0 {
+		e.t.Fatalf("advance %s: the store holds no entry of tenant %s to age", d, e.tenant)
+	}
 }
 
-// entries counts what the store holds for the env's tenant.
+// entries counts what the store holds: every entry of the memory store,
+// the env's tenant's of a shared one.
 func (e *env) entries() int {
-	if e.postgres {
-		return pgtest.Count(e.t, e.tenant)
+	e.t.Helper()
+	if e.backend != nil {
+		return e.backend.count(e.tenant)
 	}
 	return e.mem.Len()
 }

@@ -73,7 +73,7 @@ func testStateTable(t *testing.T, st option) {
 					t.Fatalf("strict problem members: got %v", p)
 				}
 				created, err := time.Parse(time.RFC3339Nano, fmt.Sprint(p["created_at"]))
-				if err != nil || (!e.postgres && !created.Equal(e.clock.Now())) || (e.postgres && time.Since(created).Abs() > time.Minute) {
+				if err != nil || (e.backend == nil && !created.Equal(e.clock.Now())) || (e.backend != nil && time.Since(created).Abs() > time.Minute) {
 					t.Fatalf("created_at: got %v (%v), want %v", p["created_at"], err, e.clock.Now())
 				}
 			case proxy.ModeReplay:
@@ -279,6 +279,7 @@ type failingStore struct {
 	mu       sync.Mutex
 	claim    error
 	complete error
+	ping     error
 }
 
 func (f *failingStore) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
@@ -299,6 +300,16 @@ func (f *failingStore) Complete(ctx context.Context, c idemproxy.Completion) err
 		return err
 	}
 	return f.Store.Complete(ctx, c)
+}
+
+func (f *failingStore) Ping(ctx context.Context) error {
+	f.mu.Lock()
+	err := f.ping
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.Store.Ping(ctx)
 }
 
 func TestRecordWriteFailureKeepsLock(t *testing.T) { forEachStore(t, testRecordWriteFailureKeepsLock) }
@@ -322,29 +333,76 @@ func testRecordWriteFailureKeepsLock(t *testing.T, st option) {
 	})
 }
 
+// TestStoreUnavailableFailsClosed: with the store unreachable (the
+// network to a shared store cut; the memory store, which has none, failing
+// its operations) keyed requests get 503 with Retry-After and nothing is
+// forwarded, unkeyed ones pass, /readyz is not ready; once the store is
+// back everything works again without a restart.
 func TestStoreUnavailableFailsClosed(t *testing.T) { forEachStore(t, testStoreUnavailableFailsClosed) }
 
 func testStoreUnavailableFailsClosed(t *testing.T, st option) {
-	fs := &failingStore{claim: fmt.Errorf("%w: dial tcp: connection refused", idemproxy.ErrUnavailable)}
-	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
-		fs.Store = c.Store
-		c.Store = fs
+	fs := &failingStore{}
+	e := newEnv(t, st, func(e *env, c *proxy.Config, _ *tenancy.Config) {
+		if e.backend == nil {
+			fs.Store = c.Store
+			c.Store = fs
+		}
 	})
-	resp := e.do(req{key: "k"})
-	wantProblem(t, resp, http.StatusServiceUnavailable, "store-unavailable")
-	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
-		t.Fatalf("Retry-After: got %q", resp.Header.Get("Retry-After"))
+	admin := httptest.NewServer(newAdmin(t, proxy.AdminConfig{Store: e.store}))
+	defer admin.Close()
+	outage := func(on bool) {
+		if e.backend != nil {
+			if on {
+				e.backend.net.Cut()
+			} else {
+				e.backend.net.Restore()
+			}
+			return
+		}
+		var err error
+		if on {
+			err = fmt.Errorf("%w: dial tcp: connection refused", idemproxy.ErrUnavailable)
+		}
+		fs.mu.Lock()
+		fs.claim, fs.complete, fs.ping = err, err, err
+		fs.mu.Unlock()
 	}
-	e.wantCalls(0)
+
+	wantStatus(t, e.do(req{key: "before"}), http.StatusCreated)
+	outage(true)
+	for i := range 3 {
+		resp := e.do(req{key: fmt.Sprint("during-", i)})
+		wantProblem(t, resp, http.StatusServiceUnavailable, "store-unavailable")
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
+			t.Fatalf("Retry-After: got %q", resp.Header.Get("Retry-After"))
+		}
+	}
+	e.wantCalls(1)
 	// Unkeyed requests still pass.
 	wantStatus(t, e.do(req{tenant: "-"}), http.StatusCreated)
-	e.wantCalls(1)
-	// The store comes back: keyed requests work again.
-	fs.mu.Lock()
-	fs.claim = nil
-	fs.mu.Unlock()
-	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	e.wantCalls(2)
+	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz during the outage: got %d, want 503", status)
+	}
+
+	// The store comes back: keyed requests work again. A pool may spend
+	// an attempt on a connection the cut closed; it heals by itself.
+	outage(false)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp := e.do(req{key: "during-0"})
+		if resp.StatusCode == http.StatusCreated {
+			break
+		}
+		if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			t.Fatalf("after the outage: got %d (%s)", resp.StatusCode, readBody(t, resp))
+		}
+	}
+	e.wantCalls(3)
+	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusOK {
+		t.Fatalf("/readyz after the outage: got %d, want 200", status)
+	}
+	e.wantReplay(e.do(req{key: "before"}), proxy.ModeNoop, http.StatusCreated)
+	e.wantCalls(3)
 }
 
 func TestStoreFullFailsClosed(t *testing.T) {
@@ -823,6 +881,56 @@ func testCompleteAckLost(t *testing.T, st option) {
 		t.Fatal("not replayed")
 	}
 	e.wantCalls(1)
+}
+
+// rerunStore runs every completion and release twice, as a store client
+// that resends a command whose answer a broken connection lost (go-redis
+// retries once) does, and reports the second run's outcome.
+type rerunStore struct{ idemproxy.Store }
+
+func (r rerunStore) Complete(ctx context.Context, c idemproxy.Completion) error {
+	if err := r.Store.Complete(ctx, c); err != nil {
+		return err
+	}
+	return r.Store.Complete(ctx, c)
+}
+
+func (r rerunStore) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	if err := r.Store.Release(ctx, tenant, key, owner); err != nil {
+		return err
+	}
+	return r.Store.Release(ctx, tenant, key, owner)
+}
+
+// A completion or release that the store's client ran twice reports
+// ErrNotOwner on the first attempt: the proxy sees that the key is
+// released, or holds its own record, and raises no lost-lock alarm.
+func TestRerunByTheStore(t *testing.T) { forEachStore(t, testRerunByTheStore) }
+
+func testRerunByTheStore(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Store = rerunStore{c.Store} })
+	var fail atomic.Bool
+	fail.Store(true)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Swap(false) {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	wantStatus(t, e.do(req{key: "k"}), http.StatusInternalServerError)
+	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
+		t.Fatalf("lock lost after the release: %v, want 0 (the key is free)", got)
+	}
+	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
+	if got := testutil.ToFloat64(e.metrics.LockLost); got != 0 {
+		t.Fatalf("lock lost after the completion: %v, want 0 (the record is the command's own)", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 0 {
+		t.Fatalf("record write failures: %v, want 0", got)
+	}
+	e.wantReplay(e.do(req{key: "k"}), proxy.ModeNoop, http.StatusCreated)
+	e.wantCalls(2)
 }
 
 // TestTokenDecidesAtTheProxy: with both sources, in either order, a token

@@ -31,7 +31,7 @@ type RedisOptions struct {
 	// Cluster makes the store a Redis Cluster client.
 	Cluster bool
 	// Prefix begins every key the store writes. It may not contain '{',
-	// '}' or a glob character (*?[]\). Empty means "idemproxy:".
+	// '}' or a glob character (*?[]\). Empty means DefaultRedisPrefix.
 	Prefix string
 	// OpTimeout bounds each operation, including the wait for a pooled
 	// connection, the dial and a server that does not answer at all
@@ -87,6 +87,14 @@ type Redis struct {
 	waitReplicas int
 }
 
+// DefaultRedisPrefix begins the store's keys when RedisOptions.Prefix is
+// empty.
+const DefaultRedisPrefix = "idemproxy:"
+
+// RedisCompleteSHA is the SHA-1 by which Complete calls its script
+// (EVALSHA), for tests that pick completions out of the traffic.
+var RedisCompleteSHA = completeScript.Hash()
+
 // The scripts. Times are microseconds of Redis's clock, formatted with
 // %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years).
 var (
@@ -129,7 +137,7 @@ func NewRedis(opts RedisOptions) (*Redis, error) {
 		opts.LockGrace = time.Hour
 	}
 	if opts.Prefix == "" {
-		opts.Prefix = "idemproxy:"
+		opts.Prefix = DefaultRedisPrefix
 	}
 	if opts.Logger != nil {
 		redis.SetLogger(redisLog{opts.Logger})
@@ -298,8 +306,25 @@ func (r *Redis) run(ctx context.Context, s luaScript, key string, wait bool, arg
 	}
 }
 
+// waitShortfall is the error of a script that ran on the primary but that
+// fewer replicas than WaitReplicas acknowledged.
+type waitShortfall struct {
+	acked int64
+	want  int
+	cause error // WAIT's own error, if it failed
+}
+
+func (e *waitShortfall) Error() string {
+	return fmt.Sprintf("%v: redis write acknowledged by %d of the %d replicas waited for (%v)",
+		idemproxy.ErrUnavailable, e.acked, e.want, e.cause)
+}
+
+func (e *waitShortfall) Unwrap() error { return idemproxy.ErrUnavailable }
+
 // runWaiting sends the script and WAIT down one connection, so that WAIT
-// counts the replicas that have the script's writes.
+// counts the replicas that have the script's writes. When fewer
+// acknowledge it than WaitReplicas it returns the script's reply with a
+// *waitShortfall.
 func (r *Redis) runWaiting(ctx context.Context, s luaScript, key string, args []any) (any, error) {
 	node := redis.Cmdable(r.c)
 	if r.cluster != nil {
@@ -328,8 +353,7 @@ func (r *Redis) runWaiting(ctx context.Context, s luaScript, key string, args []
 			return nil, err
 		}
 		if n, err := acked.Int64(); err != nil || n < int64(r.waitReplicas) {
-			return nil, fmt.Errorf("%w: redis write acknowledged by %d of the %d replicas waited for (%v)",
-				idemproxy.ErrUnavailable, n, r.waitReplicas, err)
+			return v, &waitShortfall{acked: n, want: r.waitReplicas, cause: err}
 		}
 		return v, nil
 	}
@@ -365,8 +389,17 @@ func (r *Redis) runPipelined(ctx context.Context, s luaScript, key string, args 
 func (r *Redis) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, claimScript, r.key(c.Tenant, c.Key), true,
+	key := r.key(c.Tenant, c.Key)
+	v, err := r.run(ctx, claimScript, key, true,
 		c.Owner[:], c.CommandID[:], c.CommandType, c.Fingerprint[:], c.Lease.Microseconds(), r.graceUS)
+	if short := (*waitShortfall)(nil); errors.As(err, &short) {
+		if reply, ok := v.([]any); ok && len(reply) > 0 && reply[0] == int64(1) {
+			// Locked on the primary only: the claim fails and nothing is
+			// forwarded, so drop the lock instead of leaving the key
+			// locked, and a retry refused, until the lease ends.
+			_, _ = r.run(ctx, releaseScript, key, false, c.Owner[:])
+		}
+	}
 	if err != nil {
 		return idemproxy.ClaimResult{}, redisFailure("claim", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,17 +27,17 @@ type pgStore struct {
 	purged     prometheus.Counter
 	batchSize  *prometheus.HistogramVec
 	queueDelay *prometheus.HistogramVec
-	// pending holds, while the migrations at start are still to be
-	// applied, why the last attempt failed; Ping then fails with it, so
-	// that /readyz reports not ready and names a permanent cause.
-	pending atomic.Pointer[error]
+	// migrate applies the migrations at start; until it has passed, Ping
+	// fails with its last failure, so that /readyz reports not ready and
+	// names a permanent cause.
+	migrate startStep
 }
 
 // Ping fails while the migrations at start are pending, then reports
 // whether the store can be used.
 func (s *pgStore) Ping(ctx context.Context) error {
-	if err := s.pending.Load(); err != nil {
-		return fmt.Errorf("postgres migrations not applied yet: %w", *err)
+	if err := s.migrate.failure(); err != nil {
+		return err
 	}
 	return s.Postgres.Ping(ctx)
 }
@@ -117,23 +116,15 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	}
 
 	if cfg.Migrate {
-		err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log})
-		if err == nil {
-			err = pg.Ping(ctx)
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, idemproxy.ErrMisconfigured):
+		s.migrate = startStep{store: "postgres", what: "migrations", try: func(ctx context.Context) error {
+			if err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log}); err != nil {
+				return err
+			}
+			return pg.Ping(ctx)
+		}}
+		if err := s.migrate.start(ctx, bg, &wg, log); err != nil {
 			closeStore()
-			return nil, nil, fmt.Errorf("postgres store cannot be used, and retrying will not help: %w", err)
-		case errors.Is(err, idemproxy.ErrUnavailable):
-			log.Error("postgres unreachable at start: migrations will be retried in the background; "+
-				"keyed requests are answered 503 until then", "error", err)
-			s.pending.Store(&err)
-			wg.Go(func() { s.migrateLater(bg, cfg.DatabaseURL, log) })
-		default:
-			closeStore()
-			return nil, nil, fmt.Errorf("postgres migrations: %w", err)
+			return nil, nil, err
 		}
 	} else if err := pg.Ping(ctx); err != nil {
 		var mis *idemproxy.MisconfiguredError
@@ -149,37 +140,6 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 		pg.RunPurge(bg, cfg.PurgeInterval, cfg.PurgeBatch, func(n int64) { s.purged.Add(float64(n)) })
 	})
 	return s, closeStore, nil
-}
-
-// migrateLater retries the migrations until they are applied or ctx ends,
-// waiting longer after each failure, up to 30 seconds. Each failure is
-// logged with its cause and kept for Ping.
-func (s *pgStore) migrateLater(ctx context.Context, databaseURL string, log *slog.Logger) {
-	wait := time.Second
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		err := migrations.Migrate(ctx, databaseURL, "up", migrationLog{log})
-		if err == nil {
-			s.pending.Store(nil)
-			log.Info("postgres migrations applied; the store is ready")
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		s.pending.Store(&err)
-		msg := "postgres migrations still not applied; retrying"
-		var mis *idemproxy.MisconfiguredError
-		if errors.As(err, &mis) {
-			msg = "postgres migrations still not applied: " + mis.Reason + "; retrying"
-		}
-		log.Error(msg, "error", err, "retry_in", wait.String())
-		wait = min(2*wait, 30*time.Second)
-	}
 }
 
 // migrationLog turns the lines Migrate writes into log records.

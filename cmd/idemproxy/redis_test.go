@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 func TestRedisConfig(t *testing.T) {
@@ -106,6 +109,49 @@ func TestOpenRedisDown(t *testing.T) {
 	}
 	if pingErr != nil {
 		t.Fatalf("never ready after Redis came up: %v", pingErr)
+	}
+	if res, err := st.Claim(t.Context(), c); err != nil || !res.Claimed {
+		t.Errorf("Claim once ready: %+v, %v", res, err)
+	}
+}
+
+// TestOpenRedisDownThenEvicting: a Redis that was down at start and comes
+// back with an evicting policy keeps the store not ready, /readyz naming
+// the cause; fixing the policy is enough, without a restart.
+func TestOpenRedisDownThenEvicting(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru")
+	srv.Stop()
+	st, closeStore, err := openRedis(t.Context(), testRedisConfig(srv.URL()), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("openRedis with Redis down: %v", err)
+	}
+	defer closeStore()
+	admin, err := proxy.NewAdmin(proxy.AdminConfig{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	var mis *idemproxy.MisconfiguredError
+	for deadline := time.Now().Add(20 * time.Second); !errors.As(st.Ping(t.Context()), &mis); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Ping on an evicting Redis: got %v, want a MisconfiguredError", st.Ping(t.Context()))
+		}
+	}
+	rec := httptest.NewRecorder()
+	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if want := "not ready: " + store.ReasonEvictingPolicy; rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("/readyz: %d %s, want 503 %q", rec.Code, rec.Body, want)
+	}
+	c := idemproxy.Claim{Tenant: uuid.New(), Key: "k", CommandID: uuid.New(), CommandType: "POST /x", Owner: uuid.New(), Lease: time.Minute}
+	if _, err := st.Claim(t.Context(), c); !errors.As(err, &mis) {
+		t.Errorf("Claim on an evicting Redis: got %v, want the check's MisconfiguredError", err)
+	}
+	srv.Do("", "CONFIG", "SET", "maxmemory-policy", "noeviction")
+	for deadline := time.Now().Add(30 * time.Second); st.Ping(t.Context()) != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready after the policy was fixed: %v", st.Ping(t.Context()))
+		}
 	}
 	if res, err := st.Claim(t.Context(), c); err != nil || !res.Claimed {
 		t.Errorf("Claim once ready: %+v, %v", res, err)

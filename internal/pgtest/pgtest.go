@@ -152,10 +152,10 @@ func Count(t testing.TB, tenant any) int {
 
 // Age moves every timestamp of a tenant's rows in the test database's
 // idempotency_keys d into the past (to the microsecond), as if d had
-// passed on the database's clock.
-func Age(t testing.TB, tenant any, d time.Duration) {
+// passed on the database's clock. It returns how many rows it moved.
+func Age(t testing.TB, tenant any, d time.Duration) int64 {
 	t.Helper()
-	Exec(t, URL(t), `UPDATE idempotency_keys SET
+	return Exec(t, URL(t), `UPDATE idempotency_keys SET
 		created_at = created_at - $2::bigint * interval '1 microsecond',
 		lease_expires_at = lease_expires_at - $2::bigint * interval '1 microsecond',
 		expires_at = expires_at - $2::bigint * interval '1 microsecond'

@@ -5,8 +5,12 @@
 // Without Redis a test is skipped loudly on a developer's machine and
 // fails under CI=true: a missing Redis never passes as a skip in CI.
 //
-// It imports no idemproxy package, so the store package's own tests can
-// use it.
+// Age, Count and Delete reach a Redis store's entries from outside, for
+// tests of code above the store (the proxy's, the fault suite's); Through
+// puts a faultnet proxy between a store and its server.
+//
+// It imports no idemproxy package but internal/faultnet, so the store
+// package's own tests can use it.
 package redistest
 
 import (
@@ -18,15 +22,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/faultnet"
 )
 
 // DefaultURL is the shared server used when TEST_REDIS_URL is unset.
@@ -308,4 +316,122 @@ func StartCluster(t testing.TB) *Cluster {
 		}
 	}
 	return c
+}
+
+// Client returns a client of the server at rawURL (a redis:// URL, as
+// SharedURL returns), closed when the test ends.
+func Client(t testing.TB, rawURL string) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		t.Fatalf("redis url: %v", err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Through puts a faultnet proxy, closed when the test ends, between a
+// client and the single server at rawURL, and returns it with the URL
+// that goes through it.
+func Through(t testing.TB, rawURL string) (*faultnet.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		t.Fatalf("redis url %q: want redis://host:port/db (%v)", rawURL, err)
+	}
+	fn := faultnet.New(u.Host)
+	t.Cleanup(fn.Close)
+	u.Host = fn.Addr()
+	return fn, u.String()
+}
+
+// ageLua lets ARGV[1] µs pass for one entry of the Redis store, by Redis's
+// clock: its created time ('ca') and end ('e', the lease's or the
+// record's) move that far into the past, and its key's expiry that much
+// closer (the key goes when no time is left). The fields are those the
+// store's scripts keep (store/redis_claim.lua).
+const ageLua = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local d = tonumber(ARGV[1])
+for _, f in ipairs({'ca', 'e'}) do
+  local v = redis.call('HGET', KEYS[1], f)
+  if v then redis.call('HSET', KEYS[1], f, string.format('%d', tonumber(v) - d)) end
+end
+local left = redis.call('PTTL', KEYS[1]) - math.floor(d / 1000)
+if left <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], left) end
+return 1`
+
+// Age lets d pass, on Redis's clock, for every entry of a Redis store
+// whose key matches the glob match (a store's tenant is
+// Prefix + tenant + ":*"), on the server or every master of a cluster:
+// each lease ends and each record expires d sooner, and each was created
+// d earlier. It returns how many entries it moved.
+func Age(t testing.TB, c redis.UniversalClient, match string, d time.Duration) int {
+	t.Helper()
+	n := 0
+	err := eachKey(c, match, func(ctx context.Context, node redis.Cmdable, key string) error {
+		moved, err := node.Eval(ctx, ageLua, []string{key}, d.Microseconds()).Int()
+		n += moved
+		return err
+	})
+	if err != nil {
+		t.Fatalf("age %q by %s: %v", match, d, err)
+	}
+	return n
+}
+
+// Count returns how many keys match the glob match, on the server or every
+// master of a cluster: for a Redis store, its entries live or ended but
+// not yet expired by Redis.
+func Count(t testing.TB, c redis.UniversalClient, match string) int {
+	t.Helper()
+	n := 0
+	err := eachKey(c, match, func(context.Context, redis.Cmdable, string) error { n++; return nil })
+	if err != nil {
+		t.Fatalf("count %q: %v", match, err)
+	}
+	return n
+}
+
+// Delete deletes every key that matches the glob match, on the server or
+// every master of a cluster, and returns how many it deleted.
+func Delete(t testing.TB, c redis.UniversalClient, match string) int {
+	t.Helper()
+	n := 0
+	err := eachKey(c, match, func(ctx context.Context, node redis.Cmdable, key string) error {
+		deleted, err := node.Del(ctx, key).Result()
+		n += int(deleted)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("delete %q: %v", match, err)
+	}
+	return n
+}
+
+// eachKey calls fn, one call at a time, for every key matching match on
+// the server or on every master of a cluster.
+func eachKey(c redis.UniversalClient, match string, fn func(ctx context.Context, node redis.Cmdable, key string) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := fn(ctx, node, iter.Val()); err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	}
+	cluster, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return scan(ctx, c)
+	}
+	var mu sync.Mutex
+	return cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return scan(ctx, node)
+	})
 }

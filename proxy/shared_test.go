@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -16,24 +15,16 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/internal/faultnet"
-	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
 )
 
-// replica is one idemproxy instance with its own Postgres pool, like a
-// separate sidecar process.
-func replica(t *testing.T, up *upstream, dbURL string) (*httptest.Server, *store.Postgres) {
+// replica is one idemproxy instance with its own client of the shared
+// store (its own pool), like a separate sidecar process.
+func replica(t *testing.T, up *upstream, st idemproxy.Store) *httptest.Server {
 	t.Helper()
-	pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: dbURL, MaxConns: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pg.Close)
 	p, err := proxy.New(proxy.Config{
 		Upstream: up.url(), Tenancy: mustResolver(t),
-		IdempotencyConfig: proxy.IdempotencyConfig{Store: pg, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
+		IdempotencyConfig: proxy.IdempotencyConfig{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +35,7 @@ func replica(t *testing.T, up *upstream, dbURL string) (*httptest.Server, *store
 		p.Close()
 		http.DefaultClient.CloseIdleConnections()
 	})
-	return srv, pg
+	return srv
 }
 
 func send(t *testing.T, base, key string, tenant uuid.UUID, body string) (int, http.Header) {
@@ -66,8 +57,9 @@ func send(t *testing.T, base, key string, tenant uuid.UUID, body string) (int, h
 
 // Three replicas, each with its own pool; 60 concurrent requests with the
 // same key spread over them, for several keys: one upstream call per key.
-func TestPostgresReplicasRace(t *testing.T) {
-	dbURL := pgtest.URL(t)
+func TestReplicasRace(t *testing.T) { forEachSharedStore(t, testReplicasRace) }
+
+func testReplicasRace(t *testing.T, b *backend) {
 	up := newUpstream(t)
 	up.set(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(10 * time.Millisecond)
@@ -75,8 +67,7 @@ func TestPostgresReplicasRace(t *testing.T) {
 	})
 	var replicas []*httptest.Server
 	for range 3 {
-		srv, _ := replica(t, up, dbURL)
-		replicas = append(replicas, srv)
+		replicas = append(replicas, replica(t, up, b.open()))
 	}
 	tenant := uuid.New()
 	const keys, perKey = 10, 60
@@ -118,18 +109,18 @@ func TestPostgresReplicasRace(t *testing.T) {
 }
 
 // A record written by one process replays in a new one.
-func TestPostgresDurableAcrossProcesses(t *testing.T) {
-	dbURL := pgtest.URL(t)
+func TestDurableAcrossProcesses(t *testing.T) { forEachSharedStore(t, testDurableAcrossProcesses) }
+
+func testDurableAcrossProcesses(t *testing.T, b *backend) {
 	up := newUpstream(t)
 	tenant := uuid.New()
-	first, pg := replica(t, up, dbURL)
+	first := replica(t, up, b.open())
 	if status, _ := send(t, first.URL, "durable", tenant, "x"); status != http.StatusCreated {
 		t.Fatalf("first: %d", status)
 	}
 	first.Close()
-	pg.Close()
 
-	second, _ := replica(t, up, dbURL)
+	second := replica(t, up, b.open())
 	status, h := send(t, second.URL, "durable", tenant, "x")
 	if status != http.StatusCreated || h.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("in a new process: got %d, replayed %q", status, h.Get("Idempotent-Replayed"))
@@ -142,17 +133,19 @@ func TestPostgresDurableAcrossProcesses(t *testing.T) {
 // A replica that claims and dies never completes: the key answers 409
 // until the lease ends, then a retry runs, and the dead owner's late
 // completion is refused.
-func TestPostgresLeaseAfterCrash(t *testing.T) {
-	dbURL := pgtest.URL(t)
+func TestLeaseAfterCrash(t *testing.T) { forEachSharedStore(t, testLeaseAfterCrash) }
+
+func testLeaseAfterCrash(t *testing.T, b *backend) {
 	up := newUpstream(t)
-	srv, pg := replica(t, up, dbURL)
+	st := b.open()
+	srv := replica(t, up, st)
 	tenant := uuid.New()
 	body := "crash"
 	crashed := idemproxy.Claim{
 		Tenant: tenant, Key: "crash", Fingerprint: proxy.Fingerprint(http.MethodPost, "/orders", "", []byte(body)),
 		CommandID: uuid.New(), CommandType: "POST /orders", Owner: uuid.New(), Lease: 10 * time.Second,
 	}
-	if res, err := pg.Claim(context.Background(), crashed); err != nil || !res.Claimed {
+	if res, err := st.Claim(context.Background(), crashed); err != nil || !res.Claimed {
 		t.Fatalf("claim: %v %v", res, err)
 	}
 	if status, _ := send(t, srv.URL, "crash", tenant, body); status != http.StatusConflict {
@@ -161,14 +154,14 @@ func TestPostgresLeaseAfterCrash(t *testing.T) {
 	if up.calls.Load() != 0 {
 		t.Fatal("forwarded during the lease")
 	}
-	pgtest.Age(t, tenant, 11*time.Second)
+	b.age(tenant, 11*time.Second)
 	if status, _ := send(t, srv.URL, "crash", tenant, body); status != http.StatusCreated {
 		t.Fatalf("after the lease: got %d, want 201", status)
 	}
 	if up.calls.Load() != 1 {
 		t.Fatalf("upstream calls: got %d, want 1", up.calls.Load())
 	}
-	err := pg.Complete(context.Background(), idemproxy.Completion{
+	err := st.Complete(context.Background(), idemproxy.Completion{
 		Tenant: tenant, Key: "crash", Owner: crashed.Owner, Status: 201, TTL: time.Hour,
 	})
 	if !errors.Is(err, idemproxy.ErrNotOwner) {
@@ -178,69 +171,6 @@ func TestPostgresLeaseAfterCrash(t *testing.T) {
 	status, h := send(t, srv.URL, "crash", tenant, body)
 	if status != http.StatusCreated || h.Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
 		t.Fatalf("after the refused late completion: %d %q, calls %d", status, h.Get("Idempotent-Replayed"), up.calls.Load())
-	}
-}
-
-// Postgres goes away behind a TCP proxy: keyed requests fail closed with
-// 503 and are not forwarded, unkeyed ones pass, /readyz is not ready; when
-// it comes back everything works again without a restart.
-func TestPostgresOutageFailsClosedAndHeals(t *testing.T) {
-	dbURL := pgtest.URL(t)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn := faultnet.New(u.Host)
-	defer fn.Close()
-	u.Host = fn.Addr()
-	up := newUpstream(t)
-	srv, pg := replica(t, up, u.String())
-	admin := httptest.NewServer(newAdmin(t, proxy.AdminConfig{Store: pg}))
-	defer admin.Close()
-	tenant := uuid.New()
-
-	if status, _ := send(t, srv.URL, "before", tenant, "x"); status != http.StatusCreated {
-		t.Fatalf("before the outage: %d", status)
-	}
-	fn.Cut()
-	for i := range 5 {
-		status, h := send(t, srv.URL, fmt.Sprint("during-", i), tenant, "x")
-		if status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
-			t.Fatalf("keyed during the outage: got %d (Retry-After %q), want 503", status, h.Get("Retry-After"))
-		}
-	}
-	if got := up.calls.Load(); got != 1 {
-		t.Fatalf("keyed requests forwarded during the outage: calls %d, want 1", got)
-	}
-	if status, _ := send(t, srv.URL, "", tenant, "x"); status != http.StatusCreated {
-		t.Fatalf("unkeyed during the outage: got %d, want 201", status)
-	}
-	if got := up.calls.Load(); got != 2 {
-		t.Fatalf("unkeyed request not forwarded: calls %d, want 2", got)
-	}
-	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz during the outage: got %d, want 503", status)
-	}
-
-	fn.Restore()
-	// The pool may spend an attempt or two on dead connections; it must
-	// heal within a few seconds without a restart.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		status, _ := send(t, srv.URL, "after", tenant, "x")
-		if status == http.StatusCreated {
-			break
-		}
-		if status != http.StatusServiceUnavailable || time.Now().After(deadline) {
-			t.Fatalf("after the outage: got %d", status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if got := up.calls.Load(); got != 3 {
-		t.Fatalf("upstream calls: got %d, want 3", got)
-	}
-	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusOK {
-		t.Fatalf("/readyz after the outage: got %d, want 200", status)
 	}
 }
 
