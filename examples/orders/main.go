@@ -9,7 +9,8 @@
 // charge twice: a POST that carries an Idempotency-Key and an X-Tenant-ID
 // runs its handler at most once per (tenant, key), and a retry gets the
 // original status back. The store is in memory unless ORDERS_DATABASE_URL names a
-// Postgres database (its schema is applied at start); ORDERS_MODE picks
+// Postgres database (its schema is applied at start) or ORDERS_REDIS_URL a
+// Redis (redis://…, with maxmemory-policy noeviction); ORDERS_MODE picks
 // noop (default), strict or replay; ORDERS_LISTEN_ADDR the address
 // (default 127.0.0.1:8085).
 //
@@ -54,7 +55,7 @@ func main() {
 // run serves the app until ctx ends.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	log := slog.New(slog.NewJSONHandler(stdout, nil))
-	st, closeStore, err := openStore(ctx, getenv("ORDERS_DATABASE_URL"), log)
+	st, closeStore, err := openStore(ctx, getenv("ORDERS_DATABASE_URL"), getenv("ORDERS_REDIS_URL"), log)
 	if err != nil {
 		return err
 	}
@@ -79,9 +80,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	return nil
 }
 
-// openStore is a memory store, or a Postgres one when databaseURL is set.
-func openStore(ctx context.Context, databaseURL string, log *slog.Logger) (idemproxy.Store, func(), error) {
-	if databaseURL == "" {
+// openStore is a memory store, or a Postgres one when databaseURL is set,
+// or a Redis one when redisURL is.
+func openStore(ctx context.Context, databaseURL, redisURL string, log *slog.Logger) (idemproxy.Store, func(), error) {
+	switch {
+	case redisURL != "":
+		r, err := store.NewRedis(store.RedisOptions{URL: redisURL, Logger: log})
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := r.Check(ctx); err != nil { // refuses a Redis that may evict keys
+			r.Close()
+			return nil, nil, err
+		}
+		return r, func() { r.Close() }, nil
+	case databaseURL == "":
 		m := store.NewMemory(store.MemoryOptions{})
 		return m, func() { m.Close() }, nil
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -47,16 +48,17 @@ func (g *gateway) Charge(ctx context.Context, _ json.RawMessage) error {
 	return nil
 }
 
-// forEachStore runs a test on the memory store and on Postgres.
+// forEachStore runs a test on the memory store, on Postgres and on Redis.
 func forEachStore(t *testing.T, f func(t *testing.T, st idemproxy.Store)) {
-	t.Run("memory", func(t *testing.T) { f(t, testStore(t, "")) })
-	t.Run("postgres", func(t *testing.T) { f(t, testStore(t, pgtest.URL(t))) })
+	t.Run("memory", func(t *testing.T) { f(t, testStore(t, "", "")) })
+	t.Run("postgres", func(t *testing.T) { f(t, testStore(t, pgtest.URL(t), "")) })
+	t.Run("redis", func(t *testing.T) { f(t, testStore(t, "", redistest.SharedURL(t))) })
 }
 
-// testStore is openStore's store for databaseURL, closed when t ends.
-func testStore(t *testing.T, databaseURL string) idemproxy.Store {
+// testStore is openStore's store, closed when t ends.
+func testStore(t *testing.T, databaseURL, redisURL string) idemproxy.Store {
 	t.Helper()
-	st, closeStore, err := openStore(t.Context(), databaseURL, slog.New(slog.DiscardHandler))
+	st, closeStore, err := openStore(t.Context(), databaseURL, redisURL, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +212,7 @@ func TestStrictMode(t *testing.T) {
 // TestReadsAreNotChecked: GET passes untouched, key or not, tenant or not.
 func TestReadsAreNotChecked(t *testing.T) {
 	g := &gateway{}
-	_, c := start(t, testStore(t, ""), proxy.ModeNoop, g)
+	_, c := start(t, testStore(t, "", ""), proxy.ModeNoop, g)
 	if status, _, _ := c.order("order-1", `{"item":"book"}`); status != http.StatusCreated {
 		t.Fatalf("create: %d", status)
 	}
