@@ -279,3 +279,20 @@ func replayHeader(h http.Header) http.Header {
 	}
 	return kept
 }
+
+// reject answers a checked request refused before anything was claimed:
+// 503 when the body buffers are full (the client is not at fault), the
+// request's 4xx otherwise.
+func (g *Idempotency) reject(w http.ResponseWriter, ri *reqInfo, prob *idemproxy.Problem) {
+	ri.outcome = OutcomeRejected
+	if prob.Type == idemproxy.ProblemBufferedFull {
+		ri.outcome = OutcomeOverloaded
+	}
+	idemproxy.WriteProblem(w, prob)
+}
+
+// retryAfter is a lease's remaining time in whole seconds, rounded down so
+// it never exceeds the lease, and at least 1.
+func retryAfter(remaining time.Duration) int {
+	return max(int(remaining/time.Second), 1)
+}
