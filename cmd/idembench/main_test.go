@@ -1,20 +1,13 @@
 package main
 
 import (
-	"cmp"
-	"context"
-	"errors"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
-
-const defaultTestDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // tinyOptions is a run short enough for a unit test: its figures mean
 // nothing, its structure and upstream counts everything.
@@ -70,7 +63,7 @@ func TestBenchMemory(t *testing.T) {
 // TestBenchPostgres adds the Postgres target (and pgbench, when it is
 // installed) against TEST_DATABASE_URL.
 func TestBenchPostgres(t *testing.T) {
-	dbURL := testDatabase(t)
+	dbURL := pgtest.URL(t) // migrated: the bench opens the store on the schema as it is
 	opts := tinyOptions()
 	opts.Targets = []string{targetBare, targetMemory, targetPostgres, targetPostgresUnbatched}
 	opts.DatabaseURL = dbURL
@@ -276,27 +269,4 @@ func TestFlags(t *testing.T) {
 	if _, _, err := parseFlags([]string{"-targets", "nginx"}, func(string) string { return "" }, io.Discard); err == nil {
 		t.Error("an unknown target was accepted")
 	}
-}
-
-// testDatabase returns TEST_DATABASE_URL (or the default) when Postgres
-// answers there. Without one it skips, loudly, on a developer's machine
-// and fails under CI=true.
-func testDatabase(t *testing.T) string {
-	t.Helper()
-	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), defaultTestDatabaseURL)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{URL: dbURL, MaxConns: 1})
-	if err == nil {
-		err = pg.Ping(ctx)
-		pg.Close()
-	}
-	if err == nil {
-		return dbURL
-	}
-	if os.Getenv("CI") == "true" || !errors.Is(err, idemproxy.ErrUnavailable) {
-		t.Fatalf("Postgres at TEST_DATABASE_URL cannot be used: %v", err)
-	}
-	t.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL (default %s): %v", defaultTestDatabaseURL, err)
-	return ""
 }
