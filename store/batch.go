@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/idemproxy/idemproxy"
 )
 
@@ -42,60 +44,79 @@ func (o *batchOp[Req, Res]) finish(res Res, err error) bool {
 // abandoned reports whether the caller gave up waiting.
 func (o *batchOp[Req, Res]) abandoned() bool { return o.state.Load() == opAbandoned }
 
-// batcher groups operations of one kind by natural batching: an operation
-// that finds fewer than maxInFlight batches running is sent at once, in a
-// batch of its own; one that finds them all busy waits in the queue, and
-// the next batch to be sent is everything that queued meanwhile (at most
-// maxSize). Nothing ever waits on a timer. Batches run on goroutines of
-// their own, each going on with the next batch while the queue is not
-// empty, so that a caller can stop waiting when its context ends; a
-// caller whose context cannot end (Done is nil, as the proxy's is) runs
-// the batch it starts itself, sparing two goroutine switches, and hands
-// the queue on if it is not empty.
+// batcher groups operations of one kind by natural batching, tenant by
+// tenant: every batch carries operations of one tenant only, so that each
+// statement touches one tenant's rows (one partition, one shard). An
+// operation that finds fewer than maxInFlight batches of its tenant
+// running is sent at once, in a batch of its own; one that finds them all
+// busy waits in its tenant's queue, and that tenant's next batch is
+// everything that queued meanwhile (at most maxSize). Nothing ever waits
+// on a timer, and one tenant's queue never holds up another's. Batches
+// run on goroutines of their own, each going on with its tenant's next
+// batch while that queue is not empty, so that a caller can stop waiting
+// when its context ends; a caller whose context cannot end (Done is nil,
+// as the proxy's is) runs the batch it starts itself, sparing two
+// goroutine switches, and hands the queue on if it is not empty.
 type batcher[Req, Res any] struct {
 	op          string
 	maxSize     int
 	maxInFlight int
-	// run sends one batch and answers every operation in it with finish.
+	// run sends one batch, all of one tenant, and answers every operation
+	// in it with finish.
 	run func(ops []*batchOp[Req, Res])
 	// onBatch and onQueued, when not nil, see every batch's size and
 	// every operation's wait in the queue.
 	onBatch  func(op string, size int)
 	onQueued func(op string, wait time.Duration)
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// lanes holds the tenants with operations queued or batches in
+	// flight; a lane is removed when it has neither.
+	lanes map[uuid.UUID]*batchLane[Req, Res]
+}
+
+// batchLane is one tenant's queue in a batcher.
+type batchLane[Req, Res any] struct {
 	queue    []*batchOp[Req, Res]
 	inFlight int
 }
 
-// do queues req and waits for its answer, at most timeout and no longer
-// than ctx. A caller that stops waiting gets idemproxy.ErrUnavailable: if
-// its operation was still queued it is never sent; if it was sent, run
-// sees that finish returns false.
-func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, req Req) (Res, error) {
+// do queues req, an operation of tenant's, and waits for its answer, at
+// most timeout and no longer than ctx. A caller that stops waiting gets
+// idemproxy.ErrUnavailable: if its operation was still queued it is never
+// sent; if it was sent, run sees that finish returns false.
+func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, tenant uuid.UUID, req Req) (Res, error) {
 	o := &batchOp[Req, Res]{req: req, queued: time.Now(), done: make(chan struct{})}
 	b.mu.Lock()
-	b.queue = append(b.queue, o)
+	lane := b.lanes[tenant]
+	if lane == nil {
+		if b.lanes == nil {
+			b.lanes = make(map[uuid.UUID]*batchLane[Req, Res])
+		}
+		lane = &batchLane[Req, Res]{}
+		b.lanes[tenant] = lane
+	}
+	lane.queue = append(lane.queue, o)
 	var batch []*batchOp[Req, Res]
-	if b.inFlight < b.maxInFlight {
-		batch = b.takeLocked()
+	if lane.inFlight < b.maxInFlight {
+		batch = lane.take(b.maxSize)
 		if len(batch) > 0 {
-			b.inFlight++
+			lane.inFlight++
 		}
 	}
 	b.mu.Unlock()
 	if len(batch) > 0 && ctx.Done() == nil {
 		b.observe(batch)
 		b.run(batch)
-		if next := b.next(); len(next) > 0 {
-			go b.drain(next)
+		if next := b.next(tenant, lane); len(next) > 0 {
+			go b.drain(tenant, lane, next)
 		}
 		if o.state.Load() == opDone {
 			return o.res, o.err
 		}
 		// o did not fit in the batch it started: wait for its own.
 	} else if len(batch) > 0 {
-		go b.drain(batch)
+		go b.drain(tenant, lane, batch)
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -114,40 +135,45 @@ func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, req R
 	return o.res, o.err
 }
 
-// takeLocked removes the next batch from the queue: up to maxSize
-// operations whose callers are still waiting, oldest first.
-func (b *batcher[Req, Res]) takeLocked() []*batchOp[Req, Res] {
+// take removes the lane's next batch from its queue: up to maxSize
+// operations whose callers are still waiting, oldest first. The batcher's
+// mutex must be held.
+func (l *batchLane[Req, Res]) take(maxSize int) []*batchOp[Req, Res] {
 	var batch []*batchOp[Req, Res]
 	i := 0
-	for ; i < len(b.queue) && len(batch) < b.maxSize; i++ {
-		if o := b.queue[i]; o.state.CompareAndSwap(opQueued, opSent) {
+	for ; i < len(l.queue) && len(batch) < maxSize; i++ {
+		if o := l.queue[i]; o.state.CompareAndSwap(opQueued, opSent) {
 			batch = append(batch, o)
 		}
 	}
-	n := copy(b.queue, b.queue[i:])
-	clear(b.queue[n:])
-	b.queue = b.queue[:n]
+	n := copy(l.queue, l.queue[i:])
+	clear(l.queue[n:])
+	l.queue = l.queue[:n]
 	return batch
 }
 
-// drain runs batch, then the batches that queued meanwhile, until the
-// queue is empty.
-func (b *batcher[Req, Res]) drain(batch []*batchOp[Req, Res]) {
+// drain runs batch, then the batches of its tenant that queued meanwhile,
+// until the tenant's queue is empty.
+func (b *batcher[Req, Res]) drain(tenant uuid.UUID, lane *batchLane[Req, Res], batch []*batchOp[Req, Res]) {
 	for len(batch) > 0 {
 		b.observe(batch)
 		b.run(batch)
-		batch = b.next()
+		batch = b.next(tenant, lane)
 	}
 }
 
-// next takes the next batch for a runner that finished one, or gives up
-// its slot when the queue is empty.
-func (b *batcher[Req, Res]) next() []*batchOp[Req, Res] {
+// next takes the lane's next batch for a runner that finished one, or
+// gives up the runner's slot when the queue is empty (and forgets the
+// lane once nothing is queued or running in it).
+func (b *batcher[Req, Res]) next(tenant uuid.UUID, lane *batchLane[Req, Res]) []*batchOp[Req, Res] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	batch := b.takeLocked()
+	batch := lane.take(b.maxSize)
 	if len(batch) == 0 {
-		b.inFlight--
+		// take left the queue empty: what it skipped had been abandoned.
+		if lane.inFlight--; lane.inFlight == 0 {
+			delete(b.lanes, tenant)
+		}
 	}
 	return batch
 }

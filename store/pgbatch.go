@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"math/bits"
@@ -17,21 +16,27 @@ import (
 	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
-// Group commit: Claim, Complete and Release calls that arrive while
-// statements of their kind are in flight go together in the next
-// statement, one row per call, passed as arrays and unnested WITH
-// ORDINALITY so that each result row names the call it answers. (A pgx
-// pipeline of the single statements in one implicit transaction shares
-// the round trip and the commit too, but each statement still pays its
-// own executor start-up: measured at 32 and 128 concurrent callers it
-// cost the database 1.7–2.7× the CPU per command of one statement over
-// arrays, for 0.5–0.7× the throughput, in BenchmarkPostgresGroupCommit
-// as it was before the variant was removed; README, "Group commit".)
+// Group commit: Claim, Complete and Release calls of one tenant that
+// arrive while statements of their kind for that tenant are in flight go
+// together in the tenant's next statement, one row per call, passed as
+// arrays and unnested WITH ORDINALITY so that each result row names the
+// call it answers. (A pgx pipeline of the single statements in one
+// implicit transaction shares the round trip and the commit too, but each
+// statement still pays its own executor start-up: measured at 32 and 128
+// concurrent callers it cost the database 1.7–2.7× the CPU per command of
+// one statement over arrays, for 0.5–0.7× the throughput, in
+// BenchmarkPostgresGroupCommit as it was before the variant was removed;
+// README, "Group commit".)
 //
 // Rules every batched statement keeps:
+//   - It carries one tenant ($1, a scalar) and filters every use of the
+//     table on tenant_id = $1, like every other request-path statement:
+//     it touches one partition of a table hash-partitioned by tenant, and
+//     one shard of a table distributed by tenant (Citus), as a router
+//     query would.
 //   - Rows are touched in one global order, (tenant, key) by bytes, so two
 //     statements, from this replica or another, never wait on each other
-//     in a cycle: the arrays are sorted in Go (not by the database's
+//     in a cycle: the keys are sorted in Go (not by the database's
 //     collation) and the statements lock in array order.
 //   - No (tenant, key) is claimed twice in one statement (ON CONFLICT
 //     cannot touch a row twice: SQLSTATE 21000): a repeated claim is
@@ -54,43 +59,45 @@ import (
 const entryNames = `state, command_id, command_type, fingerprint, created_at, ends_at,
 	remaining_us, status, resp_headers, resp_body, resp_truncated`
 
-// ClaimBatchSQL is ClaimSQL for many keys (group commit): $1…$7 are arrays
-// with one element per claim, $8 the lock grace. It is exported for the
-// benchmarks that run the store's statements without the store, as
-// ClaimSQL is.
+// ClaimBatchSQL is ClaimSQL for many keys of one tenant (group commit):
+// $1 is the tenant, $2…$7 arrays with one element per claim (key, command
+// id, command type, owner, fingerprint, lease in microseconds), $8 the
+// lock grace. It is exported for the benchmarks that run the store's
+// statements without the store, as ClaimSQL is.
 const ClaimBatchSQL = `WITH input AS MATERIALIZED (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::bytea[], $7::bigint[])
-		WITH ORDINALITY AS i(in_tenant, in_key, in_command_id, in_command_type, in_owner, in_fingerprint, in_lease_us, ord)
+	SELECT * FROM unnest($2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::bytea[], $7::bigint[])
+		WITH ORDINALITY AS i(in_key, in_command_id, in_command_type, in_owner, in_fingerprint, in_lease_us, ord)
 ), ins AS (
 	INSERT INTO idempotency_keys AS k
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
 		 created_at, lease_expires_at, expires_at)
-	SELECT in_tenant, in_key, in_command_id, in_command_type, 'in_flight', in_owner, in_fingerprint,
+	SELECT $1::uuid, in_key, in_command_id, in_command_type, 'in_flight', in_owner, in_fingerprint,
 		now(), now() + in_lease_us * interval '1 microsecond',
 		now() + (in_lease_us + $8::bigint) * interval '1 microsecond'
 	FROM input
 	ORDER BY ord
 	` + claimTakeover + `
-	RETURNING tenant_id, key, ` + entryColumns + `
+	RETURNING key, ` + entryColumns + `
 )
 SELECT i.ord, true, ` + entryNames + `
-FROM ins JOIN input i ON i.in_tenant = ins.tenant_id AND i.in_key = ins.key
+FROM ins JOIN input i ON i.in_key = ins.key
 UNION ALL
 SELECT i.ord, false, ` + entryColumns + `
-FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+FROM input i JOIN idempotency_keys k ON k.tenant_id = $1::uuid AND k.key = i.in_key
 WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
-	AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.tenant_id = i.in_tenant AND ins.key = i.in_key)`
+	AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.key = i.in_key)`
 
-// CompleteBatchSQL is CompleteSQL for many keys (group commit), $1…$8
-// arrays with one element per completion (resp_headers as JSON text),
-// exported as ClaimBatchSQL is. The rows are locked
-// in array order first: an UPDATE … FROM would touch them in whatever
-// order its join plan yields.
+// CompleteBatchSQL is CompleteSQL for many keys of one tenant (group
+// commit): $1 is the tenant, $2…$8 arrays with one element per completion
+// (key, owner, status, resp_headers as JSON text, body, truncated, TTL in
+// microseconds), exported as ClaimBatchSQL is. The rows are locked in
+// array order first: an UPDATE … FROM would touch them in whatever order
+// its join plan yields.
 const CompleteBatchSQL = `WITH input AS MATERIALIZED (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
-		WITH ORDINALITY AS i(in_tenant, in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
+	SELECT * FROM unnest($2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
+		WITH ORDINALITY AS i(in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
 ), locked AS MATERIALIZED (
-	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = $1::uuid AND k.key = i.in_key
 	WHERE k.owner_token = i.in_owner AND k.state = 'in_flight'
 	ORDER BY i.ord
 	FOR UPDATE OF k
@@ -105,22 +112,23 @@ UPDATE idempotency_keys SET
 	lease_expires_at = NULL,
 	expires_at = now() + l.in_ttl_us * interval '1 microsecond'
 FROM locked l
-WHERE tenant_id = l.in_tenant AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
+WHERE tenant_id = $1::uuid AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
 RETURNING l.ord`
 
-// releaseBatchSQL is releaseSQL for many keys, locking in array order as
+// releaseBatchSQL is releaseSQL for many keys of one tenant ($1; $2 and
+// $3 the arrays of keys and owners), locking in array order as
 // CompleteBatchSQL does.
 const releaseBatchSQL = `WITH input AS MATERIALIZED (
-	SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[])
-		WITH ORDINALITY AS i(in_tenant, in_key, in_owner, ord)
+	SELECT * FROM unnest($2::text[], $3::uuid[])
+		WITH ORDINALITY AS i(in_key, in_owner, ord)
 ), locked AS MATERIALIZED (
-	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = i.in_tenant AND k.key = i.in_key
+	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = $1::uuid AND k.key = i.in_key
 	WHERE k.owner_token = i.in_owner AND k.state = 'in_flight'
 	ORDER BY i.ord
 	FOR UPDATE OF k
 )
 DELETE FROM idempotency_keys USING locked l
-WHERE tenant_id = l.in_tenant AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
+WHERE tenant_id = $1::uuid AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
 RETURNING l.ord`
 
 // completeArgs is a Completion encoded for the database.
@@ -201,27 +209,20 @@ func newBatchers(p *Postgres, opts PostgresOptions) *pgBatchers {
 	}
 }
 
-// compareKeys orders (tenant, key) pairs by their bytes: the one order in
-// which every batched statement touches rows.
-func compareKeys(ta uuid.UUID, ka string, tb uuid.UUID, kb string) int {
-	if c := bytes.Compare(ta[:], tb[:]); c != 0 {
-		return c
-	}
-	return strings.Compare(ka, kb)
-}
+// Every operation of a batch is of one tenant: the batch is sorted by
+// key, as strings.Compare orders their bytes, which with the tenant first
+// is the one order in which every statement touches rows.
 
 // runClaims sends a batch of claims and answers each.
 func (p *Postgres) runClaims(ops []*claimOp) {
-	slices.SortFunc(ops, func(a, b *claimOp) int {
-		return compareKeys(a.req.Tenant, a.req.Key, b.req.Tenant, b.req.Key)
-	})
+	slices.SortFunc(ops, func(a, b *claimOp) int { return strings.Compare(a.req.Key, b.req.Key) })
 	// lead[i] is the op whose row answers ops[i]: the first op of its
 	// (tenant, key) whose caller still waits.
 	lead := make([]int, len(ops))
 	var rows []int
 	for start := 0; start < len(ops); {
 		end := start + 1
-		for end < len(ops) && compareKeys(ops[end].req.Tenant, ops[end].req.Key, ops[start].req.Tenant, ops[start].req.Key) == 0 {
+		for end < len(ops) && ops[end].req.Key == ops[start].req.Key {
 			end++
 		}
 		l := start
@@ -298,16 +299,17 @@ func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, res
 		return nil, nil
 	}
 	n := len(idx)
-	tenants, commandIDs, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n), make([]pgtype.UUID, n)
+	commandIDs, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
 	keys, types := make([]string, n), make([]string, n)
 	fingerprints, leases := make([][]byte, n), make([]int64, n)
 	for j, i := range idx {
 		c := &ops[i].req
-		tenants[j], commandIDs[j], owners[j] = pgUUID(c.Tenant), pgUUID(c.CommandID), pgUUID(c.Owner)
+		commandIDs[j], owners[j] = pgUUID(c.CommandID), pgUUID(c.Owner)
 		keys[j], types[j] = c.Key, c.CommandType
 		fingerprints[j], leases[j] = c.Fingerprint[:], c.Lease.Microseconds()
 	}
-	rows, err := p.pool.Query(ctx, p.batches.claim.next(n), tenants, keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
+	rows, err := p.pool.Query(ctx, p.batches.claim.next(n), pgUUID(ops[idx[0]].req.Tenant),
+		keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
 	if err != nil {
 		return idx, err
 	}
@@ -346,9 +348,7 @@ func (p *Postgres) claimRows(ctx context.Context, ops []*claimOp, idx []int, res
 
 // runCompletes sends a batch of completions and answers each.
 func (p *Postgres) runCompletes(ops []*completeOp) {
-	slices.SortFunc(ops, func(a, b *completeOp) int {
-		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
-	})
+	slices.SortFunc(ops, func(a, b *completeOp) int { return strings.Compare(a.req.key, b.req.key) })
 	errs := p.runCAS(len(ops), "complete",
 		func(ctx context.Context) ([]bool, error) { return p.completeRows(ctx, ops) },
 		func(ctx context.Context, i int) error { return p.completeOne(ctx, ops[i].req) })
@@ -359,9 +359,7 @@ func (p *Postgres) runCompletes(ops []*completeOp) {
 
 // runReleases sends a batch of releases and answers each.
 func (p *Postgres) runReleases(ops []*releaseOp) {
-	slices.SortFunc(ops, func(a, b *releaseOp) int {
-		return compareKeys(a.req.tenant, a.req.key, b.req.tenant, b.req.key)
-	})
+	slices.SortFunc(ops, func(a, b *releaseOp) int { return strings.Compare(a.req.key, b.req.key) })
 	errs := p.runCAS(len(ops), "release",
 		func(ctx context.Context) ([]bool, error) { return p.releaseRows(ctx, ops) },
 		func(ctx context.Context, i int) error { return p.releaseOne(ctx, ops[i].req) })
@@ -400,20 +398,21 @@ func (p *Postgres) completeRows(ctx context.Context, ops []*completeOp) ([]bool,
 		return p.casOne(ctx, CompleteSQL, completeParams(&ops[0].req)...)
 	}
 	n := len(ops)
-	tenants, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
+	owners := make([]pgtype.UUID, n)
 	keys, statuses := make([]string, n), make([]int32, n)
 	headers, bodies := make([]pgtype.Text, n), make([][]byte, n)
 	truncated, ttls := make([]pgtype.Bool, n), make([]int64, n)
 	for j, o := range ops {
 		a := &o.req
-		tenants[j], owners[j], keys[j], statuses[j] = pgUUID(a.tenant), pgUUID(a.owner), a.key, a.status
+		owners[j], keys[j], statuses[j] = pgUUID(a.owner), a.key, a.status
 		headers[j] = pgtype.Text{String: string(a.header), Valid: a.header != nil}
 		bodies[j], ttls[j] = a.body, a.ttlUS
 		if a.truncated != nil {
 			truncated[j] = pgtype.Bool{Bool: *a.truncated, Valid: true}
 		}
 	}
-	return p.casRows(ctx, n, p.batches.complete.next(n), tenants, keys, owners, statuses, headers, bodies, truncated, ttls)
+	return p.casRows(ctx, n, p.batches.complete.next(n), pgUUID(ops[0].req.tenant),
+		keys, owners, statuses, headers, bodies, truncated, ttls)
 }
 
 // releaseRows runs one release statement for ops and reports which of
@@ -424,11 +423,11 @@ func (p *Postgres) releaseRows(ctx context.Context, ops []*releaseOp) ([]bool, e
 		return p.casOne(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	}
 	n := len(ops)
-	tenants, owners, keys := make([]pgtype.UUID, n), make([]pgtype.UUID, n), make([]string, n)
+	owners, keys := make([]pgtype.UUID, n), make([]string, n)
 	for j, o := range ops {
-		tenants[j], owners[j], keys[j] = pgUUID(o.req.tenant), pgUUID(o.req.owner), o.req.key
+		owners[j], keys[j] = pgUUID(o.req.owner), o.req.key
 	}
-	return p.casRows(ctx, n, p.batches.release.next(n), tenants, keys, owners)
+	return p.casRows(ctx, n, p.batches.release.next(n), pgUUID(ops[0].req.tenant), keys, owners)
 }
 
 // casOne runs a single-row compare-and-swap statement and reports whether

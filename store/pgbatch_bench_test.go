@@ -21,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -37,7 +36,10 @@ import (
 // IDEMPROXY_BENCH_ROUNDS sets the rounds (default 3), IDEMPROXY_BENCH_MODES
 // the modes (default unbatched,batched,pgbench; unbatched-exec and
 // batched-exec run the stores in pgx's exec mode, as through PgBouncer) and
-// IDEMPROXY_BENCH_IN_FLIGHT the batched store's BatchesInFlight.
+// IDEMPROXY_BENCH_IN_FLIGHT the batched store's BatchesInFlight, and
+// IDEMPROXY_BENCH_TENANTS how many tenants the clients' commands are
+// spread over (default 1; a batch carries one tenant, so with as many
+// tenants as clients nothing is batched).
 func BenchmarkPostgresGroupCommit(b *testing.B) {
 	dbURL := pgtest.URL(b)
 	rounds := 3
@@ -70,8 +72,14 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 		"unbatched-exec": newTestPostgres(b, PostgresOptions{URL: execOpts.URL, Unbatched: true}),
 		"batched-exec":   newTestPostgres(b, execOpts),
 	}
-	tenant := uuid.New()
-	b.Cleanup(func() { pgtest.Exec(b, dbURL, "DELETE FROM idempotency_keys WHERE tenant_id = $1", tenant) })
+	tenants := make([]uuid.UUID, 1)
+	if n, err := strconv.Atoi(os.Getenv("IDEMPROXY_BENCH_TENANTS")); err == nil && n > 1 {
+		tenants = make([]uuid.UUID, n)
+	}
+	for i := range tenants {
+		tenants[i] = uuid.New()
+	}
+	b.Cleanup(func() { pgtest.Exec(b, dbURL, "DELETE FROM idempotency_keys WHERE tenant_id = ANY($1)", tenants) })
 	var seq atomic.Int64
 	prefix := uuid.NewString() + "-"
 	for round := 1; round <= rounds; round++ {
@@ -81,7 +89,7 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 					cpu := startBackendCPU(b, dbURL)
 					defer cpu.report(b)
 					if mode == "pgbench" {
-						runPgbench(b, dbURL, tenant, clients)
+						runPgbench(b, dbURL, tenants[0], clients)
 						return
 					}
 					p := stores[mode]
@@ -93,7 +101,8 @@ func BenchmarkPostgresGroupCommit(b *testing.B) {
 					b.ResetTimer()
 					var done atomic.Int64
 					var wg sync.WaitGroup
-					for range clients {
+					for client := range clients {
+						tenant := tenants[client%len(tenants)]
 						wg.Go(func() {
 							for done.Add(1) <= int64(b.N) {
 								c := storetest.NewClaim(tenant, prefix+strconv.FormatInt(seq.Add(1), 10), "x")
@@ -279,10 +288,7 @@ func processCPU() time.Duration {
 //
 //	go test -run - -bench GrowingTable -benchtime 12x ./store/
 func BenchmarkPostgresGroupCommitGrowingTable(b *testing.B) {
-	dbURL := pgtest.Schema(b)
-	if err := migrations.Migrate(b.Context(), dbURL, "up", nil); err != nil {
-		b.Fatal(err)
-	}
+	dbURL := pgtest.MigratedSchema(b)
 	p := newTestPostgres(b, PostgresOptions{URL: dbURL})
 	tenant := uuid.New()
 	const window = 10_000

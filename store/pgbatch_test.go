@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,18 +58,20 @@ func (bp *batchProbe) batchSizes(op string) []int {
 	return append([]int(nil), bp.sizes[op]...)
 }
 
-// queued is how many operations wait in b's queue, and how many of its
-// batches are in flight.
+// queued is how many operations wait in b's queues, and how many of its
+// batches are in flight, over every tenant.
 func queued[Req, Res any](b *batcher[Req, Res]) (waiting, inFlight int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := 0
-	for _, o := range b.queue {
-		if o.state.Load() == opQueued {
-			n++
+	for _, lane := range b.lanes {
+		for _, o := range lane.queue {
+			if o.state.Load() == opQueued {
+				waiting++
+			}
 		}
+		inFlight += lane.inFlight
 	}
-	return n, b.inFlight
+	return waiting, inFlight
 }
 
 // poll waits until cond holds, for at most ten seconds.
@@ -234,6 +237,49 @@ func TestBatchSameKeyTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.CheckLock(t, e, claims[winner])
+}
+
+// TestBatchOneTenantPerStatement: a batch carries one tenant's
+// operations only, and one tenant's queue never holds up another's. With
+// one statement of a kind in flight per tenant, tenant A's claim stalls
+// on a locked row: A's next claims queue, while tenant B's go out at once
+// and return; once A's row is let go, A's queued claims go together, and
+// B's never joined them.
+func TestBatchOneTenantPerStatement(t *testing.T) {
+	p := newBatchProbe(t, PostgresOptions{})
+	a, b := uuid.New(), uuid.New()
+	claimed(t, p.Postgres, a, "block")
+	unlock := lockRow(t, p.dbURL, a, "block")
+	stalled := p.stall(t, func() { _, _ = p.Claim(t.Context(), storetest.NewClaim(a, "block", "x")) })
+
+	aClaims := []idemproxy.Claim{storetest.NewClaim(a, "a-1", "x"), storetest.NewClaim(a, "a-2", "x"), storetest.NewClaim(a, "a-3", "x")}
+	aResults, aErrs, fs := p.claimFuncs(t, aClaims)
+	wait := p.queueBehind(t, fs...)
+	before := len(p.batchSizes("claim"))
+	for i := range 2 {
+		c := storetest.NewClaim(b, fmt.Sprintf("b-%d", i), "x")
+		if res, err := p.Claim(t.Context(), c); err != nil || !res.Claimed {
+			t.Fatalf("tenant B's claim while tenant A's statement stalls: %+v, %v; want it claimed at once", res, err)
+		}
+	}
+	if n, _ := queued(p.batches.claims); n != len(aClaims) {
+		t.Errorf("%d claims queued after tenant B's returned, want tenant A's %d", n, len(aClaims))
+	}
+	unlock()
+	<-stalled
+	wait()
+	sizes := p.batchSizes("claim")[before:]
+	if want := []int{1, 1, len(aClaims)}; !slices.Equal(sizes, want) {
+		t.Errorf("claim batches after the stall: %v, want %v (tenant B's one at a time beside the stall, then tenant A's together)", sizes, want)
+	}
+	for i, c := range aClaims {
+		if aErrs[i] != nil || !aResults[i].Claimed {
+			t.Errorf("tenant A's queued claim of %q: %+v, %v; want claimed", c.Key, aResults[i], aErrs[i])
+		}
+	}
+	if n := pgtest.Query[int64](t, p.dbURL, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, b); n != 2 {
+		t.Errorf("tenant B has %d rows, want 2", n)
+	}
 }
 
 // TestBatchCompleteAndReleaseOncePerKey: one batch carrying two
@@ -550,7 +596,7 @@ func TestBatchCallerGivesUp(t *testing.T) {
 }
 
 // TestBatchesAcrossReplicasNeverDeadlock races three stores, each with its
-// own pool (three replicas), over the same keys: every replica claims
+// own pool (three replicas), over the same keys of two tenants: every replica claims
 // every key, in an order of its own, from many goroutines at once, so
 // that each sends batches holding overlapping keys. Then the winners
 // complete or release theirs while the others claim again. Statements
@@ -563,7 +609,7 @@ func TestBatchesAcrossReplicasNeverDeadlock(t *testing.T) {
 	for i := range stores {
 		stores[i] = newTestPostgres(t, PostgresOptions{URL: dbURL, MaxConns: 4})
 	}
-	tenant := uuid.New()
+	tenants := []uuid.UUID{uuid.New(), uuid.New()}
 	const keys, rounds = 24, 4
 	for round := range rounds {
 		names := make([]string, keys)
@@ -577,7 +623,7 @@ func TestBatchesAcrossReplicasNeverDeadlock(t *testing.T) {
 			order := rand.Perm(keys)
 			for _, k := range order {
 				wg.Go(func() {
-					c := storetest.NewClaim(tenant, names[k], "x")
+					c := storetest.NewClaim(tenants[k%2], names[k], "x")
 					res, err := st.Claim(t.Context(), c)
 					if err != nil {
 						failures.Add(1)
@@ -621,7 +667,7 @@ func TestBatchesAcrossReplicasNeverDeadlock(t *testing.T) {
 		for s, st := range stores {
 			for _, k := range rand.Perm(keys) {
 				wg.Go(func() {
-					if _, err := st.Claim(t.Context(), storetest.NewClaim(tenant, names[k], "x")); err != nil {
+					if _, err := st.Claim(t.Context(), storetest.NewClaim(tenants[k%2], names[k], "x")); err != nil {
 						t.Errorf("replica %d, second claim of %s: %v", s, names[k], err)
 					}
 				})

@@ -24,10 +24,10 @@ var storeStatements = map[string][]struct {
 			5: "NULL", 6: "NULL", 7: "NULL", 8: ":ttl_us"}},
 	},
 	"claim_complete_batched.pgbench": {
-		{"store.ClaimBatchSQL", store.ClaimBatchSQL, map[int]string{1: batchArray(":tenant::uuid"), 2: batchKeys,
+		{"store.ClaimBatchSQL", store.ClaimBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
 			3: batchArray(":command_id::uuid"), 4: batchArray(":command_type::text"), 5: batchArray(":owner::uuid"),
 			6: batchArray(":fingerprint::bytea"), 7: batchArray(":lease_us::bigint"), 8: ":grace_us"}},
-		{"store.CompleteBatchSQL", store.CompleteBatchSQL, map[int]string{1: batchArray(":tenant::uuid"), 2: batchKeys,
+		{"store.CompleteBatchSQL", store.CompleteBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
 			3: batchArray(":owner::uuid"), 4: batchArray(":status::int"), 5: batchArray("NULL::text"),
 			6: batchArray("NULL::bytea"), 7: batchArray("NULL::bool"), 8: batchArray(":ttl_us::bigint")}},
 	},
