@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -24,12 +26,22 @@ import (
 type PostgresOptions struct {
 	// URL is a libpq connection URL or key=value string. Unknown
 	// parameters in it, such as search_path, are sent to the server as
-	// run-time parameters.
+	// run-time parameters. With default_query_exec_mode=exec (or
+	// simple_protocol) in it, as a transaction-mode pooler such as
+	// PgBouncer needs, the store sends no run-time parameter of its own
+	// and keeps no session state; see StatementTimeout.
 	URL string
 	// MaxConns bounds the connection pool. Zero means 20.
 	MaxConns int32
 	// StatementTimeout is set as the server's statement_timeout on every
-	// connection. Zero means two seconds.
+	// connection, sent when it is opened. Zero means two seconds. A URL
+	// whose default_query_exec_mode is not the default (cache_statement)
+	// may lead through a transaction-mode pooler, which refuses that
+	// parameter at connect (PgBouncer: "unsupported startup parameter")
+	// and would keep a SET on its server connection for other clients:
+	// then it is not sent, and a statement still running when OpTimeout
+	// ends is cancelled by a cancel request instead, which the pooler
+	// passes to the server connection running it.
 	StatementTimeout time.Duration
 	// OpTimeout bounds each operation on the client side, including the
 	// wait for a pooled connection and a database that does not answer at
@@ -53,10 +65,13 @@ type PostgresOptions struct {
 	// Zero means 64.
 	MaxBatch int
 	// BatchesInFlight bounds how many statements of one kind (claim,
-	// complete or release) run at once. An operation that finds fewer
-	// running is sent at once, alone; one that finds them all running
-	// waits and goes with everything else that queued meanwhile in the
-	// next statement of its kind. Zero means 2.
+	// complete or release) run at once for one tenant; every batched
+	// statement carries operations of one tenant only. An operation that
+	// finds fewer of its tenant's running is sent at once, alone; one that
+	// finds them all running waits and goes with everything else of its
+	// tenant that queued meanwhile in the tenant's next statement of its
+	// kind. Different tenants' statements run side by side, bounded only
+	// by MaxConns. Zero means 2.
 	BatchesInFlight int
 	// ObserveBatch, when not nil, is called for every batched statement
 	// with its kind ("claim", "complete" or "release") and how many
@@ -67,6 +82,10 @@ type PostgresOptions struct {
 	// statement being sent (idemproxy_store_queue_seconds).
 	ObserveQueue func(op string, wait time.Duration)
 }
+
+// opTimeoutCancelGrace is how long a connection whose operation timed out
+// waits for the answer to its cancel request before it is closed.
+const opTimeoutCancelGrace = time.Second
 
 // Postgres is the store for any number of replicas: every lock and record
 // is a row of the idempotency_keys table, and every expiry is judged by
@@ -117,7 +136,13 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
 	params := cfg.ConnConfig.RuntimeParams
-	params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+	} else {
+		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: opTimeoutCancelGrace}
+		}
+	}
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"
 	}
@@ -258,7 +283,7 @@ var errClaimOutOfSight = fmt.Errorf("%w: postgres claim: the conflicting row sta
 // expiry is taken over, judged by the database's clock.
 func (p *Postgres) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	if p.batches != nil {
-		return p.batches.claims.do(ctx, p.opTimeout, c)
+		return p.batches.claims.do(ctx, p.opTimeout, c.Tenant, c)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
@@ -317,7 +342,7 @@ func (p *Postgres) Complete(ctx context.Context, c idemproxy.Completion) error {
 		a.body, a.truncated = r.Body, &r.Truncated
 	}
 	if p.batches != nil {
-		_, err := p.batches.completes.do(ctx, p.opTimeout, a)
+		_, err := p.batches.completes.do(ctx, p.opTimeout, a.tenant, a)
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
@@ -353,7 +378,7 @@ func (p *Postgres) completeOne(ctx context.Context, a completeArgs) error {
 func (p *Postgres) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
 	a := releaseArgs{tenant: tenant, owner: owner, key: key}
 	if p.batches != nil {
-		_, err := p.batches.releases.do(ctx, p.opTimeout, a)
+		_, err := p.batches.releases.do(ctx, p.opTimeout, a.tenant, a)
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
