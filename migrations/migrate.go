@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"text/tabwriter"
 	"time"
 
@@ -41,31 +42,57 @@ var legacyColumns = []string{
 	"created_at", "lease_expires_at", "expires_at", "status", "resp_headers", "resp_body", "resp_truncated",
 }
 
-// migrationLockID is the advisory lock that serialises idemproxy's
-// migrations (the crc64-ECMA of "idemproxy"); it is not goose's default,
-// so they never wait for the host application's goose runs, nor it for
-// them.
+// LockTable is the table whose row serialises idemproxy's migrations
+// (goose's table locker): a row with a lease, not a session advisory lock,
+// so that it holds through a transaction-mode pooler such as PgBouncer,
+// where consecutive statements may run on different server connections.
+// It is idemproxy's own, never goose's default goose_lock, and so is
+// migrationLockID (the crc64-ECMA of "idemproxy"): they never wait for the
+// host application's goose runs, nor it for them.
+const LockTable = "idemproxy_goose_lock"
+
 const migrationLockID int64 = 8050832802438853597
+
+// The migrations' lock: a replica that dies holding it holds it for
+// lockLease at most (a live holder renews it every lockHeartbeat); the
+// others poll every lockPoll, for lockWaitPolls times (five minutes).
+const (
+	lockLease     = 30 * time.Second
+	lockHeartbeat = 5 * time.Second
+	lockPoll      = time.Second
+	lockWaitPolls = 300
+)
 
 // Migrate applies ("up"), rolls back by one ("down") or lists ("status")
 // the Postgres store's migrations against databaseURL, and writes what it
-// did to out (nil discards it). They are recorded in VersionTable. An
+// did to out (nil discards it); a line starting "warning: " is one to
+// show. Partitions(n) makes a table it creates hash-partitioned by tenant. They are recorded in VersionTable. An
 // install whose idempotency_keys table was migrated when idemproxy still
 // recorded its migrations in goose_db_version is recognised first and its
 // version copied over (goose_db_version is never changed). Runs are
-// serialised by an advisory lock, so replicas that start together migrate
-// once: the others wait for the lock (up to five minutes), then find
-// nothing to do. The schema goes into the first schema of the URL's
-// search_path, like the store's statements. When the database cannot be
+// serialised by a lock, a row of LockTable, so replicas that start
+// together migrate once: the others wait for the lock (up to five
+// minutes), then find nothing to do. Neither the lock nor anything else
+// relies on session state, so all of it works through PgBouncer in
+// transaction mode (with default_query_exec_mode=exec in the URL). The
+// schema goes into the first schema of the URL's search_path, like the
+// store's statements. When the database cannot be
 // reached, the error satisfies errors.Is(err, idemproxy.ErrUnavailable);
 // a failure that retrying will not cure (the database does not exist,
 // authentication or permission denied) is an *idemproxy.MisconfiguredError,
 // which satisfies it too; any other error means a migration itself failed.
-func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) error {
+func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer, opts ...Option) error {
 	switch direction {
 	case "up", "down", "status":
 	default:
 		return fmt.Errorf("migrations: migrate: unknown direction %q (want up, down or status)", direction)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.partitions < 0 || o.partitions > MaxPartitions {
+		return fmt.Errorf("migrations: migrate: partitions must be between 0 and %d, got %d", MaxPartitions, o.partitions)
 	}
 	if out == nil {
 		out = io.Discard
@@ -86,16 +113,37 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 	if err != nil {
 		return pgerr.Failure("migrate", err)
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID), lock.WithLockTimeout(1, 300))
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableName(LockTable), lock.WithTableLockID(migrationLockID),
+		lock.WithTableLeaseDuration(lockLease), lock.WithTableHeartbeatInterval(lockHeartbeat),
+		lock.WithTableLockTimeout(lockPoll, lockWaitPolls),
+		lock.WithTableLogger(slog.New(slog.DiscardHandler)),
+		// Waiting is for a lock another replica holds, not for a
+		// database that refuses the role for good.
+		lock.WithTableRetryPolicy(func(err error) bool { return pgerr.PermanentReason(err) == "" }))
 	if err != nil {
 		return fmt.Errorf("migrations: migrate: %w", err)
 	}
 	if err := adoptLegacyVersion(ctx, db, locker, out); err != nil {
 		return migrateFailure("migrate: recognising an earlier install", err)
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS,
-		goose.WithTableName(VersionTable),
-		goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true))
+	providerOpts := []goose.ProviderOption{goose.WithTableName(VersionTable),
+		goose.WithLocker(locker), goose.WithDisableGlobalRegistry(true)}
+	exists, partitioned, err := tableKind(ctx, db)
+	if err != nil {
+		return migrateFailure("migrate", err)
+	}
+	if o.partitions > 0 && exists && !partitioned && direction == "up" {
+		fmt.Fprintf(out, "warning: idempotency_keys exists and is not partitioned: %d partitions apply only when the table is created\n", o.partitions)
+	}
+	creates := !exists && o.partitions > 0
+	if partitioned || creates {
+		popts, err := partitionedMigrations(max(o.partitions, 1))
+		if err != nil {
+			return err
+		}
+		providerOpts = append(providerOpts, popts...)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS, providerOpts...)
 	if err != nil {
 		return fmt.Errorf("migrations: migrate: %w", err)
 	}
@@ -105,6 +153,9 @@ func Migrate(ctx context.Context, databaseURL, direction string, out io.Writer) 
 		results, err := provider.Up(ctx)
 		for _, r := range results {
 			printResult(out, r)
+			if creates && r.Error == nil && r.Source.Version == partitionedVersion {
+				fmt.Fprintf(out, "idempotency_keys is partitioned by hash of tenant_id into %d partitions\n", o.partitions)
+			}
 		}
 		if err != nil {
 			return migrateFailure("migrate up", err)
@@ -178,21 +229,16 @@ func migrateFailure(what string, err error) error {
 // (polling, with no transaction open while it waits: a transaction waiting
 // for the lock would deadlock with a CREATE INDEX CONCURRENTLY run under
 // it), and decides and writes in one transaction.
-func adoptLegacyVersion(ctx context.Context, db *sql.DB, locker lock.SessionLocker, out io.Writer) (err error) {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	if err := locker.SessionLock(ctx, conn); err != nil {
+func adoptLegacyVersion(ctx context.Context, db *sql.DB, locker lock.Locker, out io.Writer) (err error) {
+	if err := locker.Lock(ctx, db); err != nil {
 		return err
 	}
 	defer func() {
-		if uerr := locker.SessionUnlock(context.WithoutCancel(ctx), conn); err == nil {
+		if uerr := locker.Unlock(context.WithoutCancel(ctx), db); err == nil {
 			err = uerr
 		}
 	}()
-	tx, err := conn.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}

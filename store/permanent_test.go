@@ -67,10 +67,7 @@ func TestPostgresPingChecksSchema(t *testing.T) {
 // TestPostgresPermissionDenied: a role that may not use the table is a
 // permanent failure, for Ping and for every operation.
 func TestPostgresPermissionDenied(t *testing.T) {
-	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
-		t.Fatal(err)
-	}
+	dbURL := pgtest.MigratedSchema(t)
 	role := randomName("idemproxy_test_role_")
 	pgtest.Exec(t, dbURL, "CREATE ROLE "+role+" LOGIN")
 	t.Cleanup(func() {

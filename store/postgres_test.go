@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,10 +125,7 @@ func TestPostgresRecordSurvivesRestart(t *testing.T) {
 }
 
 func TestPostgresPurge(t *testing.T) {
-	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
-		t.Fatal(err)
-	}
+	dbURL := pgtest.MigratedSchema(t)
 	p := newTestPostgres(t, PostgresOptions{URL: dbURL})
 	tenant := uuid.New()
 	add := func(prefix string, n int, record bool, age func(key string)) []idemproxy.Claim {
@@ -185,10 +183,7 @@ func TestPostgresPurge(t *testing.T) {
 }
 
 func TestPostgresRunPurge(t *testing.T) {
-	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
-		t.Fatal(err)
-	}
+	dbURL := pgtest.MigratedSchema(t)
 	p := newTestPostgres(t, PostgresOptions{URL: dbURL})
 	tenant := uuid.New()
 	for i := range 12 {
@@ -228,13 +223,67 @@ func TestPostgresRunPurge(t *testing.T) {
 	}
 }
 
+// TestPostgresPurgePartitioned: on a table hash-partitioned by tenant,
+// the purge, the one statement that spans tenants, deletes what has
+// expired in every partition and nothing live in any, a bounded batch at
+// a time.
+func TestPostgresPurgePartitioned(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	if err := migrations.Migrate(t.Context(), dbURL, "up", nil, migrations.Partitions(4)); err != nil {
+		t.Fatal(err)
+	}
+	// 64 tenants, each with 3 expired records and 2 live ones.
+	pgtest.Exec(t, dbURL, `INSERT INTO idempotency_keys
+		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint, created_at, expires_at, status)
+		SELECT tenant, 'k' || i, gen_random_uuid(), 'POST /x', 'succeeded', gen_random_uuid(), decode(repeat('00', 32), 'hex'),
+			now() - interval '2 days', CASE WHEN i <= 3 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, 200
+		FROM (SELECT gen_random_uuid() AS tenant FROM generate_series(1, 64)) t, generate_series(1, 5) AS i`)
+	perPartition := func(expired bool) map[string]int64 {
+		rows := pgtest.Query[[]string](t, dbURL, `SELECT COALESCE(array_agg(p || '=' || n), '{}') FROM (
+			SELECT tableoid::regclass::text AS p, count(*) AS n FROM idempotency_keys
+			WHERE (expires_at <= now()) = $1 GROUP BY 1) s`, expired)
+		m := map[string]int64{}
+		for _, r := range rows {
+			name, n, _ := strings.Cut(r, "=")
+			var v int64
+			fmt.Sscan(n, &v)
+			m[name] = v
+		}
+		return m
+	}
+	if got := perPartition(true); len(got) != 4 {
+		t.Fatalf("expired rows in partitions %v, want all 4", got)
+	}
+	live := perPartition(false)
+	p := newTestPostgres(t, PostgresOptions{URL: dbURL})
+	var total int64
+	for range 100 {
+		n, err := p.Purge(t.Context(), 50)
+		if err != nil {
+			t.Fatalf("Purge: %v", err)
+		}
+		if n > 50 {
+			t.Fatalf("Purge deleted %d rows, more than its batch of 50", n)
+		}
+		if total += n; n == 0 {
+			break
+		}
+	}
+	if total != 64*3 {
+		t.Errorf("purged %d rows, want %d", total, 64*3)
+	}
+	if got := perPartition(true); len(got) != 0 {
+		t.Errorf("expired rows left in partitions %v", got)
+	}
+	if got := perPartition(false); !maps.Equal(got, live) {
+		t.Errorf("live rows per partition %v after the purge, want %v as before", got, live)
+	}
+}
+
 // TestPostgresPurgeConcurrently runs several purges over the same expired
 // rows at once: together they delete each row exactly once.
 func TestPostgresPurgeConcurrently(t *testing.T) {
-	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
-		t.Fatal(err)
-	}
+	dbURL := pgtest.MigratedSchema(t)
 	pgtest.Exec(t, dbURL, `INSERT INTO idempotency_keys
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint, created_at, expires_at, status)
 		SELECT $1, 'k' || i, gen_random_uuid(), 'POST /x', 'succeeded', gen_random_uuid(),
@@ -450,6 +499,11 @@ func BenchmarkPostgresReplay(b *testing.B) {
 func TestPostgresContract(t *testing.T) {
 	dbURL := pgtest.URL(t)
 	execURL := pgtest.WithParam(t, dbURL, "default_query_exec_mode", "exec")
+	// A schema of its own whose table is hash-partitioned by tenant.
+	partitionedURL := pgtest.Schema(t)
+	if err := migrations.Migrate(t.Context(), partitionedURL, "up", nil, migrations.Partitions(4)); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name     string
 		opts     PostgresOptions
@@ -458,8 +512,10 @@ func TestPostgresContract(t *testing.T) {
 		{"batched", PostgresOptions{URL: dbURL}, false},
 		{"batched exec mode", PostgresOptions{URL: execURL}, false},
 		{"batched uncancellable", PostgresOptions{URL: dbURL}, true},
+		{"batched partitioned", PostgresOptions{URL: partitionedURL}, false},
 		{"unbatched", PostgresOptions{URL: dbURL, Unbatched: true}, false},
 		{"unbatched exec mode", PostgresOptions{URL: execURL, Unbatched: true}, false},
+		{"unbatched partitioned", PostgresOptions{URL: partitionedURL, Unbatched: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
@@ -471,11 +527,11 @@ func TestPostgresContract(t *testing.T) {
 					Store: st,
 					Advance: func(t *testing.T, tenant uuid.UUID, d time.Duration) {
 						t.Helper()
-						pgtest.Age(t, tenant, d)
+						pgtest.AgeIn(t, tc.opts.URL, tenant, d)
 					},
 					SetCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
 						t.Helper()
-						if n := pgtest.Exec(t, dbURL, `UPDATE idempotency_keys SET created_at = $3 WHERE tenant_id = $1 AND key = $2`,
+						if n := pgtest.Exec(t, tc.opts.URL, `UPDATE idempotency_keys SET created_at = $3 WHERE tenant_id = $1 AND key = $2`,
 							tenant, key, at); n != 1 {
 							t.Fatalf("set created_at of (%s, %q): %d rows updated", tenant, key, n)
 						}

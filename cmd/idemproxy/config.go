@@ -19,6 +19,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -56,6 +57,7 @@ type Config struct {
 	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
 	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxBatch" desc:"most operations one batched Postgres statement carries"`
 	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.BatchesInFlight" desc:"batched Postgres statements of one kind running at once; operations arriving meanwhile go together in the next"`
+	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" only:"IDEMPROXY_STORE=postgres" zero:"a plain table" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" desc:"how often expired Postgres rows are purged"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
@@ -364,6 +366,9 @@ func (c Config) validate() error {
 	}
 	if c.DBBatchesInFlight > 1000 {
 		bad("IDEMPROXY_DB_BATCHES_IN_FLIGHT", "must be at most 1000, got %d", c.DBBatchesInFlight)
+	}
+	if c.DBPartitions > migrations.MaxPartitions {
+		bad("IDEMPROXY_DB_PARTITIONS", "must be at most %d, got %d", migrations.MaxPartitions, c.DBPartitions)
 	}
 	if c.PurgeBatch > 100000 {
 		bad("IDEMPROXY_PURGE_BATCH", "must be at most 100000, got %d", c.PurgeBatch)

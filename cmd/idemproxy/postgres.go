@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -117,7 +118,8 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 
 	if cfg.Migrate {
 		s.migrate = startStep{store: "postgres", what: "migrations", try: func(ctx context.Context) error {
-			if err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log}); err != nil {
+			if err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log},
+				migrations.Partitions(cfg.DBPartitions)); err != nil {
 				return err
 			}
 			return pg.Ping(ctx)
@@ -142,12 +144,16 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	return s, closeStore, nil
 }
 
-// migrationLog turns the lines Migrate writes into log records.
+// migrationLog turns the lines Migrate writes into log records: a line
+// starting "warning: " into a warning.
 type migrationLog struct{ log *slog.Logger }
 
 func (m migrationLog) Write(p []byte) (int, error) {
 	for line := range strings.Lines(string(p)) {
-		if line = strings.TrimSpace(line); line != "" {
+		line = strings.TrimSpace(line)
+		if warning, ok := strings.CutPrefix(line, "warning: "); ok {
+			m.log.Warn("postgres migration: "+warning, "variable", "IDEMPROXY_DB_PARTITIONS")
+		} else if line != "" {
 			m.log.Info("postgres migration", "result", line)
 		}
 	}
@@ -156,7 +162,7 @@ func (m migrationLog) Write(p []byte) (int, error) {
 
 // runMigrate is the migrate command: args are the words after "migrate",
 // exactly one of up (apply all pending), down (roll back the latest) or
-// status. It reads IDEMPROXY_DATABASE_URL.
+// status. It reads IDEMPROXY_DATABASE_URL and IDEMPROXY_DB_PARTITIONS.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + migrations.VersionTable + ")"
 	if len(args) == 1 && isHelp(args[0]) {
@@ -173,7 +179,15 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if err := store.CheckURL(dbURL); err != nil {
 		return fmt.Errorf("IDEMPROXY_DATABASE_URL %w", err)
 	}
-	if err := migrations.Migrate(ctx, dbURL, args[0], stdout); err != nil {
+	partitions := 0
+	if v := getenv("IDEMPROXY_DB_PARTITIONS"); v != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 || n > migrations.MaxPartitions {
+			return fmt.Errorf("IDEMPROXY_DB_PARTITIONS must be a whole number from 0 to %d, got %q", migrations.MaxPartitions, v)
+		}
+		partitions = n
+	}
+	if err := migrations.Migrate(ctx, dbURL, args[0], stdout, migrations.Partitions(partitions)); err != nil {
 		return fmt.Errorf("migrate %s: %w", args[0], err)
 	}
 	return nil

@@ -3,6 +3,14 @@
 // the commands' and the fault suite's. Without a database a test is
 // skipped loudly on a developer's machine and fails under CI=true: a
 // missing database never passes as a skip in CI.
+//
+// Two variables change the database the same tests run on, for the
+// passes .ci/run makes: TEST_DB_PARTITIONS=N migrates every test schema
+// with N hash partitions by tenant (migrations.Partitions), and a
+// TEST_DATABASE_URL whose default_query_exec_mode is exec or
+// simple_protocol is taken to lead through a transaction-mode pooler
+// (PgBouncer), which refuses search_path at connect: Schema then makes a
+// database of its own instead of a schema.
 package pgtest
 
 import (
@@ -16,6 +24,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,7 +53,10 @@ func URL(t testing.TB) string {
 	t.Helper()
 	once.Do(func() {
 		dbURL = cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
-		dbErr = migrations.Migrate(context.Background(), dbURL, "up", io.Discard)
+		var n int
+		if n, dbErr = partitions(); dbErr == nil {
+			dbErr = migrations.Migrate(context.Background(), dbURL, "up", io.Discard, migrations.Partitions(n))
+		}
 	})
 	if dbErr == nil {
 		return dbURL
@@ -57,18 +69,79 @@ func URL(t testing.TB) string {
 	return ""
 }
 
+// Partitions is TEST_DB_PARTITIONS: how many hash partitions the test
+// schemas' idempotency_keys has (0, the default, for a plain table).
+func Partitions(t testing.TB) int {
+	t.Helper()
+	n, err := partitions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func partitions() (int, error) {
+	v := os.Getenv("TEST_DB_PARTITIONS")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("TEST_DB_PARTITIONS=%q: want a number of partitions", v)
+	}
+	return n, nil
+}
+
+// MigrateOptions are the options tests migrate with: TEST_DB_PARTITIONS.
+func MigrateOptions(t testing.TB) []migrations.Option {
+	t.Helper()
+	return []migrations.Option{migrations.Partitions(Partitions(t))}
+}
+
+// Pooled reports whether dbURL asks for a query mode that works through a
+// transaction-mode pooler (default_query_exec_mode exec or
+// simple_protocol), which tests take to mean that one may be in between.
+func Pooled(dbURL string) bool {
+	cfg, err := pgx.ParseConfig(dbURL)
+	return err == nil && (cfg.DefaultQueryExecMode == pgx.QueryExecModeExec ||
+		cfg.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol)
+}
+
 // Schema creates an empty schema in the test database, dropped when the
 // test ends, and returns the database's URL with that schema as its
 // search_path: migrations and stores opened with it see only that schema.
+// Through a pooler (Pooled), which would refuse search_path, it creates an
+// empty database instead, dropped when the test ends, and returns its URL.
 func Schema(t testing.TB) string {
 	t.Helper()
 	base := URL(t)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	name := "idemproxy_test_" + hex.EncodeToString(b)
+	if Pooled(base) {
+		Exec(t, base, "CREATE DATABASE "+name)
+		t.Cleanup(func() { Exec(t, base, "DROP DATABASE "+name+" WITH (FORCE)") })
+		u, err := url.Parse(base)
+		if err != nil || u.Scheme == "" {
+			t.Fatalf("TEST_DATABASE_URL through a pooler must be a URL: %v", err)
+		}
+		u.Path = "/" + name
+		return u.String()
+	}
 	Exec(t, base, "CREATE SCHEMA "+name)
 	t.Cleanup(func() { Exec(t, base, "DROP SCHEMA "+name+" CASCADE") })
 	return WithParam(t, base, "search_path", name)
+}
+
+// MigratedSchema is Schema with the migrations applied, as MigrateOptions
+// say.
+func MigratedSchema(t testing.TB) string {
+	t.Helper()
+	dbURL := Schema(t)
+	if err := migrations.Migrate(t.Context(), dbURL, "up", io.Discard, MigrateOptions(t)...); err != nil {
+		t.Fatalf("migrate up: %v", err)
+	}
+	return dbURL
 }
 
 // WithParam returns dbURL (a URL or keyword=value string) with the
@@ -155,7 +228,13 @@ func Count(t testing.TB, tenant any) int {
 // passed on the database's clock. It returns how many rows it moved.
 func Age(t testing.TB, tenant any, d time.Duration) int64 {
 	t.Helper()
-	return Exec(t, URL(t), `UPDATE idempotency_keys SET
+	return AgeIn(t, URL(t), tenant, d)
+}
+
+// AgeIn is Age in the database (and schema) at dbURL.
+func AgeIn(t testing.TB, dbURL string, tenant any, d time.Duration) int64 {
+	t.Helper()
+	return Exec(t, dbURL, `UPDATE idempotency_keys SET
 		created_at = created_at - $2::bigint * interval '1 microsecond',
 		lease_expires_at = lease_expires_at - $2::bigint * interval '1 microsecond',
 		expires_at = expires_at - $2::bigint * interval '1 microsecond'
