@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -94,11 +95,14 @@ func postgresBackend(t *testing.T) *backend {
 	if err != nil || u.Host == "" || strings.HasPrefix(u.Host, "/") {
 		t.Fatalf("TEST_DATABASE_URL must be a postgres:// URL with a TCP host:port (the suite puts a TCP proxy in front of it), got %q", dbURL)
 	}
+	partitions := strconv.Itoa(pgtest.Partitions(t))
 	b := &backend{name: "postgres", server: u, urlVar: "IDEMPROXY_DATABASE_URL",
-		vars:     []string{"IDEMPROXY_DB_STATEMENT_TIMEOUT=" + statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS=8"},
-		settings: map[string]string{"IDEMPROXY_DB_STATEMENT_TIMEOUT": statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS": "8"},
-		rows:     func(t *testing.T, tenants, _ []string) map[string]storedEntry { return readRows(t, dbURL, tenants) },
-		clean:    func(t *testing.T, tenants []string) { deleteTenants(t, dbURL, tenants) },
+		vars: []string{"IDEMPROXY_DB_STATEMENT_TIMEOUT=" + statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS=8",
+			"IDEMPROXY_DB_PARTITIONS=" + partitions},
+		settings: map[string]string{"IDEMPROXY_DB_STATEMENT_TIMEOUT": statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS": "8",
+			"IDEMPROXY_DB_PARTITIONS": partitions, "TEST_DATABASE_URL": dbURL},
+		rows:  func(t *testing.T, tenants, _ []string) map[string]storedEntry { return readRows(t, dbURL, tenants) },
+		clean: func(t *testing.T, tenants []string) { deleteTenants(t, dbURL, tenants) },
 	}
 	// In exec mode pgx sends each statement's text with its execution in
 	// one write.

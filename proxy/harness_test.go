@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,17 +202,32 @@ func on(newBackend func(*testing.T) *backend) option {
 // forEachStore runs a test once per store: the memory store, and each
 // shared one.
 func forEachStore(t *testing.T, f func(t *testing.T, st option)) {
-	t.Run("memory", func(t *testing.T) { f(t, memoryStore) })
+	if storeSelected("memory") {
+		t.Run("memory", func(t *testing.T) { f(t, memoryStore) })
+	}
 	for _, b := range sharedBackends {
-		t.Run(b.name, func(t *testing.T) { f(t, on(b.newBackend)) })
+		if storeSelected(b.name) {
+			t.Run(b.name, func(t *testing.T) { f(t, on(b.newBackend)) })
+		}
 	}
 }
 
 // forEachSharedStore runs a test once per shared store.
 func forEachSharedStore(t *testing.T, f func(t *testing.T, b *backend)) {
 	for _, b := range sharedBackends {
-		t.Run(b.name, func(t *testing.T) { f(t, b.newBackend(t)) })
+		if storeSelected(b.name) {
+			t.Run(b.name, func(t *testing.T) { f(t, b.newBackend(t)) })
+		}
 	}
+}
+
+// storeSelected reports whether TEST_STORES, a comma-separated list of
+// store names, names store; unset, it names every store. .ci/run's
+// PgBouncer and partitioned passes run the proxy's tests on postgres
+// alone.
+func storeSelected(store string) bool {
+	v := os.Getenv("TEST_STORES")
+	return v == "" || slices.Contains(strings.Split(v, ","), store)
 }
 
 // advance lets d pass for the env's tenant: on the fake clock for the

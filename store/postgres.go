@@ -12,8 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -39,9 +37,11 @@ type PostgresOptions struct {
 	// may lead through a transaction-mode pooler, which refuses that
 	// parameter at connect (PgBouncer: "unsupported startup parameter")
 	// and would keep a SET on its server connection for other clients:
-	// then it is not sent, and a statement still running when OpTimeout
-	// ends is cancelled by a cancel request instead, which the pooler
-	// passes to the server connection running it.
+	// then it is not sent. The server-side bound is then the role's own
+	// (ALTER ROLE … SET statement_timeout), and the client's OpTimeout,
+	// at which the connection is dropped. No cancel request is sent
+	// either way: PgBouncer 1.18 can crash on one whose client hangs up
+	// early (pgbouncer/pgbouncer#801), which a store timeout does.
 	StatementTimeout time.Duration
 	// OpTimeout bounds each operation on the client side, including the
 	// wait for a pooled connection and a database that does not answer at
@@ -82,10 +82,6 @@ type PostgresOptions struct {
 	// statement being sent (idemproxy_store_queue_seconds).
 	ObserveQueue func(op string, wait time.Duration)
 }
-
-// opTimeoutCancelGrace is how long a connection whose operation timed out
-// waits for the answer to its cancel request before it is closed.
-const opTimeoutCancelGrace = time.Second
 
 // Postgres is the store for any number of replicas: every lock and record
 // is a row of the idempotency_keys table, and every expiry is judged by
@@ -138,10 +134,6 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	params := cfg.ConnConfig.RuntimeParams
 	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
-	} else {
-		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: opTimeoutCancelGrace}
-		}
 	}
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"

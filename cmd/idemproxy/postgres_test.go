@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -268,4 +271,44 @@ func histogram(t *testing.T, reg *prometheus.Registry, name, op string) (uint64,
 	}
 	t.Fatalf("no %s{op=%q} series", name, op)
 	return 0, 0
+}
+
+// TestReplicasStartTogether: three replicas started at once on an empty
+// database all become ready, the migrations applied once (the lock is a
+// row, not a session's advisory lock, so this holds through PgBouncer in
+// transaction mode, where .ci/run runs it a second time), and they share
+// the key space: a key sent through each replica runs the command once.
+func TestReplicasStartTogether(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	up, calls := countingUpstream(t, nil)
+	env := map[string]string{
+		"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_STORE": "postgres", "IDEMPROXY_DATABASE_URL": dbURL,
+		"IDEMPROXY_DB_MAX_CONNS": "4", "IDEMPROXY_DB_PARTITIONS": strconv.Itoa(pgtest.Partitions(t)),
+	}
+	replicas := make([]*started, 3)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		wg.Go(func() { replicas[i] = launch(t, []string{"idemproxy"}, maps.Clone(env)) })
+	}
+	wg.Wait()
+	applied := 0
+	for _, r := range replicas {
+		waitReady(t, r.admin)
+		applied += strings.Count(r.logs.String(), "up 00001_idempotency_keys")
+	}
+	if applied != 1 {
+		for i, r := range replicas {
+			t.Logf("replica %d:\n%s", i, r.logs)
+		}
+		t.Errorf("migration 00001 applied %d times, want once", applied)
+	}
+	tenant := uuid.NewString()
+	for i, r := range replicas {
+		if resp := post(t, r.proxy+"/orders", "start-together", tenant, "{}"); resp.StatusCode != http.StatusCreated {
+			t.Errorf("replica %d answered %d, want the first answer's 201 (replayed or not)", i, resp.StatusCode)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("upstream called %d times for one key through three replicas, want once", n)
+	}
 }

@@ -107,6 +107,16 @@ func Pooled(dbURL string) bool {
 		cfg.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol)
 }
 
+// SkipIfPooled skips a test that must talk to Postgres itself, not to a
+// pooler in front of it (Pooled): why says what the pooler changes. The
+// same test runs in the pass without one.
+func SkipIfPooled(t testing.TB, why string) {
+	t.Helper()
+	if Pooled(URL(t)) {
+		t.Skipf("through a pooler (TEST_DATABASE_URL has a pooler's query mode): %s; covered by the direct pass", why)
+	}
+}
+
 // Schema creates an empty schema in the test database, dropped when the
 // test ends, and returns the database's URL with that schema as its
 // search_path: migrations and stores opened with it see only that schema.
