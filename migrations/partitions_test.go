@@ -2,6 +2,9 @@ package migrations_test
 
 import (
 	"bytes"
+	"net/url"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -85,24 +89,29 @@ func TestMigratePartitioned(t *testing.T) {
 	}
 }
 
+// describeTable lists the URL's idempotency_keys: its columns (type, not
+// null, default), constraints and indexes, with the table's schema left
+// out of the indexes' definitions.
+func describeTable(t *testing.T, dbURL string) []string {
+	t.Helper()
+	return pgtest.Query[[]string](t, dbURL, `SELECT array_agg(d ORDER BY d) FROM (
+		SELECT 'column ' || attname || ' ' || format_type(atttypid, atttypmod) || ' ' || attnotnull::text
+			|| ' ' || COALESCE(pg_get_expr(adbin, adrelid), '') AS d
+		FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum
+		WHERE attrelid = to_regclass('idempotency_keys') AND attnum > 0 AND NOT attisdropped
+		UNION ALL
+		SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
+		FROM pg_constraint WHERE conrelid = to_regclass('idempotency_keys')
+		UNION ALL
+		SELECT 'index ' || indexname || ' ' || regexp_replace(indexdef, ' ON (ONLY )?\S+ ', ' ON idempotency_keys ')
+		FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'
+	) s`)
+}
+
 // TestPartitionedSchemaMatches: the partitioned schema has the same
 // columns, defaults, constraints and indexes as the plain one, so the
 // two forms of migrations 00001 and 00002 cannot drift apart.
 func TestPartitionedSchemaMatches(t *testing.T) {
-	describe := func(dbURL string) []string {
-		return pgtest.Query[[]string](t, dbURL, `SELECT array_agg(d ORDER BY d) FROM (
-			SELECT 'column ' || attname || ' ' || format_type(atttypid, atttypmod) || ' ' || attnotnull::text
-				|| ' ' || COALESCE(pg_get_expr(adbin, adrelid), '') AS d
-			FROM pg_attribute LEFT JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum
-			WHERE attrelid = to_regclass('idempotency_keys') AND attnum > 0 AND NOT attisdropped
-			UNION ALL
-			SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
-			FROM pg_constraint WHERE conrelid = to_regclass('idempotency_keys')
-			UNION ALL
-			SELECT 'index ' || indexname || ' ' || regexp_replace(indexdef, ' ON (ONLY )?\S+ ', ' ON idempotency_keys ')
-			FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'
-		) s`)
-	}
 	plain, partitioned := pgtest.Schema(t), pgtest.Schema(t)
 	if err := migrations.Migrate(t.Context(), plain, "up", nil); err != nil {
 		t.Fatal(err)
@@ -110,7 +119,7 @@ func TestPartitionedSchemaMatches(t *testing.T) {
 	if err := migrations.Migrate(t.Context(), partitioned, "up", nil, migrations.Partitions(3)); err != nil {
 		t.Fatal(err)
 	}
-	want, got := describe(plain), describe(partitioned)
+	want, got := describeTable(t, plain), describeTable(t, partitioned)
 	if len(want) < 14+4+2 {
 		t.Fatalf("the plain schema describes as %q: too little to compare", want)
 	}
@@ -164,5 +173,82 @@ func TestMigratePartitionedConcurrently(t *testing.T) {
 	}
 	if got := partitions(t, dbURL); len(got) != 4 {
 		t.Errorf("partitions %q, want 4", got)
+	}
+}
+
+// TestPartitionExistingScript runs scripts/partition-existing.sql, the
+// README's way to partition a table made without IDEMPROXY_DB_PARTITIONS,
+// under a store that is using the table: afterwards the table is the one
+// Partitions would have created, its live rows are there (a record still
+// replays, a lock still holds, an expired record is gone), the store
+// goes on working without a restart, and the migrations see nothing to
+// do.
+func TestPartitionExistingScript(t *testing.T) {
+	pgtest.SkipIfPooled(t, "psql sets the test schema with PGOPTIONS, which a pooler refuses")
+	psql, err := exec.LookPath("psql")
+	if err != nil {
+		t.Skip("psql is not on PATH")
+	}
+	dbURL := pgtest.Schema(t)
+	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+		t.Fatal(err)
+	}
+	p := newStore(t, dbURL)
+	tenant := uuid.New()
+	record, lock, expired := storetest.NewClaim(tenant, "record", "x"), storetest.NewClaim(tenant, "lock", "x"),
+		storetest.NewClaim(tenant, "expired", "x")
+	for _, c := range []idemproxy.Claim{record, lock, expired} {
+		storetest.MustClaim(t, p, c)
+	}
+	for _, c := range []idemproxy.Claim{record, expired} {
+		if err := p.Complete(t.Context(), storetest.Completion(c, 201, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgtest.Exec(t, dbURL, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'expired'`)
+
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := pgtest.Query[string](t, dbURL, "SELECT current_schema()")
+	cmd := exec.Command(psql, "-X", "-q", "-v", "partitions=4", "-f", "../scripts/partition-existing.sql", u.String())
+	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f scripts/partition-existing.sql: %v\n%s", err, out)
+	}
+
+	if got := partitions(t, dbURL); len(got) != 4 {
+		t.Errorf("partitions after the script: %q, want 4", got)
+	}
+	fresh := pgtest.Schema(t)
+	if err := migrations.Migrate(t.Context(), fresh, "up", nil, migrations.Partitions(4)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := describeTable(t, dbURL), describeTable(t, fresh); !slices.Equal(got, want) {
+		t.Errorf("the script's table differs from the one Partitions creates:\n got: %q\nwant: %q", got, want)
+	}
+	if n := pgtest.Query[int64](t, dbURL, "SELECT count(*) FROM idempotency_keys"); n != 2 {
+		t.Errorf("%d rows after the script, want the record and the lock", n)
+	}
+	// The store opened before the script, its statements prepared
+	// against the old table, goes on.
+	if res := storetest.MustClaim(t, p, storetest.NewClaim(tenant, "record", "x")); res.Claimed {
+		t.Error("the record was lost")
+	} else {
+		storetest.CheckRecord(t, res.Entry, record, 201, nil)
+	}
+	if res := storetest.MustClaim(t, p, storetest.NewClaim(tenant, "lock", "x")); res.Claimed {
+		t.Error("the lock was lost")
+	}
+	if res := storetest.MustClaim(t, p, storetest.NewClaim(tenant, "expired", "x")); !res.Claimed {
+		t.Error("the expired record still holds its key")
+	}
+	var out bytes.Buffer
+	if err := migrations.Migrate(t.Context(), dbURL, "up", &out, migrations.Partitions(4)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "no migrations to apply") || strings.Contains(out.String(), "warning") {
+		t.Errorf("migrate up after the script said %q, want nothing to do", out.String())
 	}
 }

@@ -1,0 +1,46 @@
+-- Moves an existing, unpartitioned idempotency_keys table to one
+-- PARTITION BY HASH (tenant_id), as IDEMPROXY_DB_PARTITIONS would have
+-- created it (README, "Scaling"). Run it with psql, in the schema the
+-- sidecars use, with the number of partitions:
+--
+--   psql "$DATABASE_URL" -v partitions=16 -f scripts/partition-existing.sql
+--
+-- It runs in one transaction that holds the table exclusively: keyed
+-- requests wait meanwhile, and get 503 (fail closed, nothing forwarded)
+-- once IDEMPROXY_STORE_TIMEOUT passes, so run it at a quiet time; it
+-- takes about as long as copying the table's live rows. Rows that have
+-- already expired are not copied. If anything fails, nothing changes.
+-- The sidecars need no restart: their statements name the table, not
+-- its storage. migrations/partitions_test.go runs this script.
+
+\set ON_ERROR_STOP on
+
+BEGIN;
+
+LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE;
+
+-- The old table steps aside with its indexes, so the new one can take
+-- their names.
+ALTER TABLE idempotency_keys RENAME TO idempotency_keys_unpartitioned;
+ALTER INDEX idempotency_keys_pkey RENAME TO idempotency_keys_unpartitioned_pkey;
+ALTER INDEX idempotency_keys_expires_at_idx RENAME TO idempotency_keys_unpartitioned_expires_at_idx;
+ALTER INDEX idempotency_keys_tenant_created_idx RENAME TO idempotency_keys_unpartitioned_tenant_created_idx;
+
+-- The same columns, defaults and CHECK constraints, and the indexes
+-- migrations 00001 and 00002 create.
+CREATE TABLE idempotency_keys (
+    LIKE idempotency_keys_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (tenant_id, key)
+) PARTITION BY HASH (tenant_id);
+CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+CREATE INDEX idempotency_keys_tenant_created_idx ON idempotency_keys (tenant_id, created_at, key COLLATE "C");
+
+SELECT format('CREATE TABLE idempotency_keys_p%s PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
+              r, :partitions, r)
+FROM generate_series(0, :partitions - 1) AS r
+\gexec
+
+INSERT INTO idempotency_keys SELECT * FROM idempotency_keys_unpartitioned WHERE expires_at > now();
+DROP TABLE idempotency_keys_unpartitioned;
+
+COMMIT;
