@@ -37,6 +37,16 @@ func TestPostgresConfig(t *testing.T) {
 		t.Errorf("defaults: migrate %v, max conns %d, statement timeout %s, purge every %s by %d",
 			cfg.Migrate, cfg.DBMaxConns, cfg.DBStatementTimeout, cfg.PurgeInterval, cfg.PurgeBatch)
 	}
+	if cfg.DBPartitions != 0 {
+		t.Errorf("partitions by default: %d, want 0 (a plain table)", cfg.DBPartitions)
+	}
+	// 0 turns the purge off (a table distributed with Citus purges by a
+	// job of its own) and creates a plain table.
+	off, err := loadConfig(mapEnv(map[string]string{"IDEMPROXY_UPSTREAM_URL": "http://127.0.0.1:1", "IDEMPROXY_STORE": "postgres",
+		"IDEMPROXY_DATABASE_URL": "postgres://x/y", "IDEMPROXY_PURGE_INTERVAL": "0", "IDEMPROXY_DB_PARTITIONS": "0"}))
+	if err != nil || off.PurgeInterval != 0 {
+		t.Errorf("IDEMPROXY_PURGE_INTERVAL=0: %v, interval %s; want the purge off", err, off.PurgeInterval)
+	}
 	if !cfg.DBBatch || cfg.DBBatchMax != 64 || cfg.DBBatchesInFlight != 2 {
 		t.Errorf("group commit defaults: on %v, batches of at most %d, %d in flight; want on, 64, 2",
 			cfg.DBBatch, cfg.DBBatchMax, cfg.DBBatchesInFlight)
@@ -50,6 +60,7 @@ func TestPostgresConfig(t *testing.T) {
 		"IDEMPROXY_DB_BATCH":             "sometimes",
 		"IDEMPROXY_DB_BATCH_MAX":         "0",
 		"IDEMPROXY_DB_BATCHES_IN_FLIGHT": "0",
+		"IDEMPROXY_DB_PARTITIONS":        "1025",
 	} {
 		env := map[string]string{name: value}
 		for k, v := range base {
