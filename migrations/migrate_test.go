@@ -173,30 +173,51 @@ func TestMigrateAdoptsLegacyInstall(t *testing.T) {
 	}
 }
 
-// TestMigrateAdoptsLegacyInstallConcurrently: replicas upgraded together
-// adopt the legacy install once and apply the later migrations once.
-func TestMigrateAdoptsLegacyInstallConcurrently(t *testing.T) {
-	dbURL := pgtest.Schema(t)
-	legacyInstall(t, dbURL)
-	outs := make([]bytes.Buffer, 4)
+// migrateTogether runs n migrations up against dbURL at once, as replicas
+// starting together do, and returns what each said.
+func migrateTogether(t *testing.T, dbURL string, n int, opts ...migrations.Option) []string {
+	t.Helper()
+	outs := make([]bytes.Buffer, n)
 	var wg sync.WaitGroup
 	for i := range outs {
 		wg.Go(func() {
-			if err := migrations.Migrate(t.Context(), dbURL, "up", &outs[i]); err != nil {
+			if err := migrations.Migrate(t.Context(), dbURL, "up", &outs[i], opts...); err != nil {
 				t.Errorf("migration %d: %v", i, err)
 			}
 		})
 	}
 	wg.Wait()
-	adopted, applied := 0, 0
+	said := make([]string, n)
 	for i := range outs {
-		adopted += strings.Count(outs[i].String(), "recognised an install")
-		applied += strings.Count(outs[i].String(), "up 00002_")
+		said[i] = outs[i].String()
 	}
-	if adopted != 1 || applied != 1 {
-		for i := range outs {
-			t.Logf("migration %d said: %s", i, outs[i].String())
+	return said
+}
+
+// countSaid counts s in what the migrations said, and logs all of it when
+// the count is not want.
+func countSaid(t *testing.T, said []string, s string, want int) int {
+	t.Helper()
+	n := 0
+	for _, out := range said {
+		n += strings.Count(out, s)
+	}
+	if n != want {
+		for i, out := range said {
+			t.Logf("migration %d said: %s", i, out)
 		}
+	}
+	return n
+}
+
+// TestMigrateAdoptsLegacyInstallConcurrently: replicas upgraded together
+// adopt the legacy install once and apply the later migrations once.
+func TestMigrateAdoptsLegacyInstallConcurrently(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	legacyInstall(t, dbURL)
+	said := migrateTogether(t, dbURL, 4)
+	adopted, applied := countSaid(t, said, "recognised an install", 1), countSaid(t, said, "up 00002_", 1)
+	if adopted != 1 || applied != 1 {
 		t.Errorf("adopted %d times and applied 00002 %d times, want once each", adopted, applied)
 	}
 	checkSchema(t, dbURL, true)
@@ -248,24 +269,7 @@ func TestMigrateDoesNotAdoptAForeignTable(t *testing.T) {
 // again.
 func TestMigrateConcurrently(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	var wg sync.WaitGroup
-	outs := make([]bytes.Buffer, 4)
-	for i := range outs {
-		wg.Go(func() {
-			if err := migrations.Migrate(t.Context(), dbURL, "up", &outs[i]); err != nil {
-				t.Errorf("migration %d: %v", i, err)
-			}
-		})
-	}
-	wg.Wait()
-	applied := 0
-	for i := range outs {
-		applied += strings.Count(outs[i].String(), "up 00001_idempotency_keys.sql")
-	}
-	if applied != 1 {
-		for i := range outs {
-			t.Logf("migration %d said: %s", i, outs[i].String())
-		}
+	if applied := countSaid(t, migrateTogether(t, dbURL, 4), "up 00001_idempotency_keys.sql", 1); applied != 1 {
 		t.Errorf("the first migration was applied %d times, want once", applied)
 	}
 	checkSchema(t, dbURL, true)

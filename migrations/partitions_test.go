@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -154,21 +153,7 @@ func TestMigratePartitionsLeaveExistingTable(t *testing.T) {
 // empty database, all with Partitions, create the table once.
 func TestMigratePartitionedConcurrently(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	outs := make([]bytes.Buffer, 3)
-	var wg sync.WaitGroup
-	for i := range outs {
-		wg.Go(func() {
-			if err := migrations.Migrate(t.Context(), dbURL, "up", &outs[i], migrations.Partitions(4)); err != nil {
-				t.Errorf("migration %d: %v", i, err)
-			}
-		})
-	}
-	wg.Wait()
-	created := 0
-	for i := range outs {
-		created += strings.Count(outs[i].String(), "up 00001")
-	}
-	if created != 1 {
+	if created := countSaid(t, migrateTogether(t, dbURL, 3, migrations.Partitions(4)), "up 00001", 1); created != 1 {
 		t.Errorf("00001 applied %d times, want once", created)
 	}
 	if got := partitions(t, dbURL); len(got) != 4 {
