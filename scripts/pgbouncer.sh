@@ -30,6 +30,7 @@ start)
     exit 0
   fi
   if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    export DEBIAN_FRONTEND=noninteractive
     apt-get install -y pgbouncer >/dev/null || { apt-get update >/dev/null && apt-get install -y pgbouncer >/dev/null; }
   fi
   bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
