@@ -163,11 +163,12 @@ func TestMigratePartitionedConcurrently(t *testing.T) {
 
 // TestPartitionExistingScript runs scripts/partition-existing.sql, the
 // README's way to partition a table made without IDEMPROXY_DB_PARTITIONS,
-// under a store that is using the table: afterwards the table is the one
-// Partitions would have created, its live rows are there (a record still
-// replays, a lock still holds, an expired record is gone), the store
-// goes on working without a restart, and the migrations see nothing to
-// do.
+// as the database's owner under a store that is using the table as a role
+// of its own: afterwards the table is the one Partitions would have
+// created, its live rows are there (a record still replays, a lock still
+// holds, an expired record is gone), the store's role keeps its rights and
+// the store goes on without a restart, and the migrations see nothing to
+// do. A number of partitions out of range changes nothing.
 func TestPartitionExistingScript(t *testing.T) {
 	pgtest.SkipIfPooled(t, "psql sets the test schema with PGOPTIONS, which a pooler refuses")
 	psql, err := exec.LookPath("psql")
@@ -178,7 +179,22 @@ func TestPartitionExistingScript(t *testing.T) {
 	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
 		t.Fatal(err)
 	}
-	p := newStore(t, dbURL)
+	schema := pgtest.Query[string](t, dbURL, "SELECT current_schema()")
+	role := schema + "_sidecar"
+	pgtest.Exec(t, dbURL, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.URL(t), "DROP OWNED BY "+role)
+		pgtest.Exec(t, pgtest.URL(t), "DROP ROLE "+role)
+	})
+	pgtest.Exec(t, dbURL, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
+	pgtest.Exec(t, dbURL, "GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO "+role)
+	asRole, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asRole.User = url.User(role)
+	p := newStore(t, asRole.String())
+
 	tenant := uuid.New()
 	record, lock, expired := storetest.NewClaim(tenant, "record", "x"), storetest.NewClaim(tenant, "lock", "x"),
 		storetest.NewClaim(tenant, "expired", "x")
@@ -192,14 +208,24 @@ func TestPartitionExistingScript(t *testing.T) {
 	}
 	pgtest.Exec(t, dbURL, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'expired'`)
 
-	u, err := url.Parse(pgtest.URL(t))
+	base, err := url.Parse(pgtest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema := pgtest.Query[string](t, dbURL, "SELECT current_schema()")
-	cmd := exec.Command(psql, "-X", "-q", "-v", "partitions=4", "-f", "../scripts/partition-existing.sql", u.String())
-	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	script := func(partitions string) ([]byte, error) {
+		cmd := exec.Command(psql, "-X", "-q", "-v", "partitions="+partitions, "-f", "../scripts/partition-existing.sql", base.String())
+		cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
+		return cmd.CombinedOutput()
+	}
+	for _, bad := range []string{"0", "1025"} {
+		if out, err := script(bad); err == nil || !strings.Contains(string(out), "partitions must be between 1 and 1024") {
+			t.Errorf("partitions=%s: %v, %s; want it refused", bad, err, out)
+		}
+	}
+	if got := partitions(t, dbURL); len(got) != 0 {
+		t.Fatalf("a refused run left partitions %q", got)
+	}
+	if out, err := script("4"); err != nil {
 		t.Fatalf("psql -f scripts/partition-existing.sql: %v\n%s", err, out)
 	}
 
@@ -216,8 +242,11 @@ func TestPartitionExistingScript(t *testing.T) {
 	if n := pgtest.Query[int64](t, dbURL, "SELECT count(*) FROM idempotency_keys"); n != 2 {
 		t.Errorf("%d rows after the script, want the record and the lock", n)
 	}
-	// The store opened before the script, its statements prepared
-	// against the old table, goes on.
+	// The store opened before the script, as the sidecar's role, its
+	// statements prepared against the old table, goes on.
+	if err := p.Ping(t.Context()); err != nil {
+		t.Errorf("Ping as the sidecar's role after the script: %v", err)
+	}
 	if res := storetest.MustClaim(t, p, storetest.NewClaim(tenant, "record", "x")); res.Claimed {
 		t.Error("the record was lost")
 	} else {

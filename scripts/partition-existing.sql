@@ -9,14 +9,25 @@
 -- requests wait meanwhile, and get 503 (fail closed, nothing forwarded)
 -- once IDEMPROXY_STORE_TIMEOUT passes, so run it at a quiet time; it
 -- takes about as long as copying the table's live rows. Rows that have
--- already expired are not copied. If anything fails, nothing changes.
--- The sidecars need no restart: their statements name the table, not
--- its storage. migrations/partitions_test.go runs this script.
+-- already expired are not copied. If anything fails, nothing changes; if
+-- the table's lock cannot be had within 5 s (a long transaction holds
+-- it), it stops with "lock timeout": run it again later. Run it as the
+-- table's owner or a superuser: the new table gets the old one's owner
+-- and grants, so the sidecars' role keeps its rights. The sidecars need
+-- no restart: their statements name the table, not its storage.
+-- migrations/partitions_test.go runs this script.
 
 \set ON_ERROR_STOP on
 
+SELECT :partitions BETWEEN 1 AND 1024 AS partitions_ok \gset
+\if :partitions_ok
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'partitions must be between 1 and 1024 (psql -v partitions=N)'; END $$;
+\endif
+
 BEGIN;
 
+SET LOCAL lock_timeout = '5s';
 LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE;
 
 -- The old table steps aside with its indexes, so the new one can take
@@ -38,6 +49,17 @@ CREATE INDEX idempotency_keys_tenant_created_idx ON idempotency_keys (tenant_id,
 SELECT format('CREATE TABLE idempotency_keys_p%s PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
               r, :partitions, r)
 FROM generate_series(0, :partitions - 1) AS r
+\gexec
+
+-- The old table's grants, then its owner (after the grants: a new owner
+-- may be a role the one running this cannot grant for).
+SELECT format('GRANT %s ON idempotency_keys TO %s', a.privilege_type,
+              CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END)
+FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = 'idempotency_keys_unpartitioned'::regclass AND a.grantee <> c.relowner
+\gexec
+SELECT format('ALTER TABLE idempotency_keys OWNER TO %I', pg_get_userbyid(relowner))
+FROM pg_class WHERE oid = 'idempotency_keys_unpartitioned'::regclass
 \gexec
 
 INSERT INTO idempotency_keys SELECT * FROM idempotency_keys_unpartitioned WHERE expires_at > now();

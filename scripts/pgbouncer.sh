@@ -23,15 +23,29 @@ pool=${PGBOUNCER_POOL_SIZE:-5}
 
 answers() { pg_isready -h 127.0.0.1 -p "$port" -q; }
 
+# ours reports whether what answers on the port is a PgBouncer pooling
+# transactions (this script's, or one configured alike).
+ours() {
+  psql -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -tA -c 'SHOW CONFIG' 2>/dev/null | grep -qx 'pool_mode|transaction|.*'
+}
+
 case "${1:-start}" in
 start)
   if answers; then
-    echo "pgbouncer already answers on 127.0.0.1:$port"
-    exit 0
+    if ours; then
+      echo "pgbouncer already answers on 127.0.0.1:$port, pooling transactions"
+      exit 0
+    fi
+    echo "something else answers on 127.0.0.1:$port (not a PgBouncer in transaction mode): stop it or set PGBOUNCER_PORT" >&2
+    exit 1
   fi
   if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y pgbouncer >/dev/null || { apt-get update >/dev/null && apt-get install -y pgbouncer >/dev/null; }
+    # The package may start its own service on 6432 (session mode).
+    if command -v systemctl >/dev/null; then
+      systemctl disable --now pgbouncer.service pgbouncer.socket >/dev/null 2>&1 || true
+    fi
   fi
   bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   mkdir -p "$dir"
@@ -54,15 +68,19 @@ logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 EOF
   echo '"postgres" ""' >"$dir/userlist.txt"
-  chown -R postgres "$dir"
   # PgBouncer refuses to run as root.
   if [ "$(id -u)" = 0 ]; then
+    chown -R postgres "$dir"
     runuser -u postgres -- "$bin" -d "$dir/pgbouncer.ini"
   else
     "$bin" -d "$dir/pgbouncer.ini"
   fi
   for _ in $(seq 1 50); do answers && break; sleep 0.1; done
-  answers || { echo "pgbouncer did not start; its log:"; cat "$dir/pgbouncer.log"; exit 1; }
+  if ! answers || ! kill -0 "$(cat "$dir/pgbouncer.pid" 2>/dev/null)" 2>/dev/null || ! ours; then
+    echo "pgbouncer did not start; its log:" >&2
+    cat "$dir/pgbouncer.log" >&2
+    exit 1
+  fi
   echo "pgbouncer $("$bin" --version | head -1) on 127.0.0.1:$port, transaction pooling, $pool server connections per database"
   ;;
 stop)

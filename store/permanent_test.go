@@ -163,3 +163,33 @@ func TestCheckURL(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresCheckStatementTimeout: a store that sends its
+// statement_timeout at connect has one; one in a pooler's query mode,
+// which does not send it, has one only when the role sets it.
+func TestPostgresCheckStatementTimeout(t *testing.T) {
+	dbURL := pgtest.URL(t)
+	execURL := pgtest.WithParam(t, dbURL, "default_query_exec_mode", "exec")
+	err := newTestPostgres(t, PostgresOptions{URL: execURL}).CheckStatementTimeout(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "ALTER ROLE") {
+		t.Errorf("exec mode, no timeout on the role: got %v, want an error saying to set it on the role", err)
+	}
+	if pgtest.Pooled(dbURL) {
+		return // the rest needs Postgres itself
+	}
+	if err := newTestPostgres(t, PostgresOptions{URL: dbURL}).CheckStatementTimeout(t.Context()); err != nil {
+		t.Errorf("default mode (statement_timeout sent at connect): %v", err)
+	}
+	role := randomName("idemproxy_test_role_")
+	pgtest.Exec(t, dbURL, "CREATE ROLE "+role+" LOGIN")
+	t.Cleanup(func() { pgtest.Exec(t, dbURL, "DROP ROLE "+role) })
+	pgtest.Exec(t, dbURL, "ALTER ROLE "+role+" SET statement_timeout = '2s'")
+	u, err := url.Parse(execURL)
+	if err != nil {
+		t.Skip("needs TEST_DATABASE_URL in URL form")
+	}
+	u.User = url.User(role)
+	if err := newTestPostgres(t, PostgresOptions{URL: u.String()}).CheckStatementTimeout(t.Context()); err != nil {
+		t.Errorf("exec mode, statement_timeout set on the role: %v", err)
+	}
+}

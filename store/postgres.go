@@ -38,10 +38,12 @@ type PostgresOptions struct {
 	// parameter at connect (PgBouncer: "unsupported startup parameter")
 	// and would keep a SET on its server connection for other clients:
 	// then it is not sent. The server-side bound is then the role's own
-	// (ALTER ROLE … SET statement_timeout), and the client's OpTimeout,
-	// at which the connection is dropped. No cancel request is sent
-	// either way: PgBouncer 1.18 can crash on one whose client hangs up
-	// early (pgbouncer/pgbouncer#801), which a store timeout does.
+	// (ALTER ROLE … SET statement_timeout; CheckStatementTimeout tells
+	// whether there is one), and the client's OpTimeout, at which pgx
+	// gives the connection up (sending a cancel request as it closes it).
+	// The store asks for no cancel request of its own at a timeout:
+	// PgBouncer 1.18 can crash on one whose client hangs up early
+	// (pgbouncer/pgbouncer#801).
 	StatementTimeout time.Duration
 	// OpTimeout bounds each operation on the client side, including the
 	// wait for a pooled connection and a database that does not answer at
@@ -94,6 +96,9 @@ type Postgres struct {
 	opTimeout time.Duration
 	graceUS   int64
 	log       *slog.Logger
+	// sendsTimeout is whether connections are opened with
+	// statement_timeout (the default query exec mode).
+	sendsTimeout bool
 	// batches is nil when unbatched.
 	batches *pgBatchers
 }
@@ -132,7 +137,8 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
 	params := cfg.ConnConfig.RuntimeParams
-	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+	sendsTimeout := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	if sendsTimeout {
 		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
 	if params["application_name"] == "" {
@@ -150,10 +156,11 @@ func NewPostgres(_ context.Context, opts PostgresOptions) (*Postgres, error) {
 		return nil, fmt.Errorf("store: postgres pool: %v", err)
 	}
 	p := &Postgres{
-		pool:      pool,
-		opTimeout: opTimeout,
-		graceUS:   opts.LockGrace.Microseconds(),
-		log:       opts.Logger,
+		pool:         pool,
+		opTimeout:    opTimeout,
+		graceUS:      opts.LockGrace.Microseconds(),
+		log:          opts.Logger,
+		sendsTimeout: sendsTimeout,
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
@@ -470,6 +477,35 @@ func (p *Postgres) Ping(ctx context.Context) error {
 	case !allowed:
 		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
 			errors.New("the role may not select, insert, update and delete in idempotency_keys"))
+	}
+	return nil
+}
+
+// statementTimeoutSQL reads the statement_timeout a connection runs with,
+// in milliseconds.
+const statementTimeoutSQL = `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`
+
+// CheckStatementTimeout reports an error when the store's statements run
+// without a server-side statement_timeout: when the URL's query exec mode
+// kept the store from sending StatementTimeout (a pooler) and neither the
+// role nor the database sets one. The statements are then bounded only by
+// OpTimeout on the client side, and a statement that blocks goes on
+// holding its server connection after the client gave up. A database that
+// cannot be asked is an error too (idemproxy.ErrUnavailable).
+func (p *Postgres) CheckStatementTimeout(ctx context.Context) error {
+	if p.sendsTimeout {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	var ms int64
+	if err := p.pool.QueryRow(ctx, statementTimeoutSQL).Scan(&ms); err != nil {
+		return pgerr.Failure("statement timeout", err)
+	}
+	if ms == 0 {
+		return errors.New("statements run without a server-side statement_timeout: the URL's default_query_exec_mode " +
+			"(for a pooler such as PgBouncer) keeps idemproxy from setting one at connect; " +
+			"set it on the role: ALTER ROLE … SET statement_timeout = '2s'")
 	}
 	return nil
 }

@@ -122,13 +122,19 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 				migrations.Partitions(cfg.DBPartitions)); err != nil {
 				return err
 			}
-			return pg.Ping(ctx)
+			if err := pg.Ping(ctx); err != nil {
+				return err
+			}
+			warnStatementTimeout(ctx, pg, log)
+			return nil
 		}}
 		if err := s.migrate.start(ctx, bg, &wg, log); err != nil {
 			closeStore()
 			return nil, nil, err
 		}
-	} else if err := pg.Ping(ctx); err != nil {
+	} else if err := pg.Ping(ctx); err == nil {
+		warnStatementTimeout(ctx, pg, log)
+	} else {
 		var mis *idemproxy.MisconfiguredError
 		if errors.As(err, &mis) {
 			log.Error("postgres store cannot be used: "+mis.Reason+"; /readyz reports not ready until it is fixed "+
@@ -142,6 +148,15 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 		pg.RunPurge(bg, cfg.PurgeInterval, cfg.PurgeBatch, func(n int64) { s.purged.Add(float64(n)) })
 	})
 	return s, closeStore, nil
+}
+
+// warnStatementTimeout logs a warning when the store's statements have no
+// server-side statement_timeout (a pooler's query mode in the URL, and none
+// set on the role).
+func warnStatementTimeout(ctx context.Context, pg *store.Postgres, log *slog.Logger) {
+	if err := pg.CheckStatementTimeout(ctx); err != nil {
+		log.Warn("postgres: IDEMPROXY_DB_STATEMENT_TIMEOUT is not in force", "error", err)
+	}
 }
 
 // migrationLog turns the lines Migrate writes into log records: a line

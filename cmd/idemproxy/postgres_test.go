@@ -323,3 +323,31 @@ func TestReplicasStartTogether(t *testing.T) {
 		t.Errorf("upstream called %d times for one key through three replicas, want once", n)
 	}
 }
+
+// TestStatementTimeoutWarning: with a pooler's query mode in the URL the
+// statement timeout is not sent at connect, and a role without one of its
+// own draws a warning at start naming IDEMPROXY_DB_STATEMENT_TIMEOUT; the
+// default mode draws none.
+func TestStatementTimeoutWarning(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	for _, tc := range []struct {
+		url  string
+		warn bool
+	}{
+		{dbURL, false},
+		{pgtest.WithParam(t, dbURL, "default_query_exec_mode", "exec"), true},
+	} {
+		if pgtest.Pooled(dbURL) && !tc.warn {
+			continue // through a pooler every URL is in a pooler's mode
+		}
+		var logs bytes.Buffer
+		_, closeStore, err := openPostgres(t.Context(), testPostgresConfig(tc.url), slog.New(slog.NewJSONHandler(&logs, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeStore()
+		if got := strings.Contains(logs.String(), "IDEMPROXY_DB_STATEMENT_TIMEOUT is not in force"); got != tc.warn {
+			t.Errorf("%s: warned %v, want %v; logs:\n%s", tc.url, got, tc.warn, logs.String())
+		}
+	}
+}
