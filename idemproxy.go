@@ -7,9 +7,11 @@
 // from errors to problems (ProblemFor).
 //
 // It depends on nothing but the standard library and uuid, so every other
-// package may import it without creating a cycle. The HTTP side lives in
-// package proxy, tenant resolution in package tenancy, the stores in
-// package store and their shared conformance suite in store/storetest.
+// package may import it without creating a cycle. The idempotency step
+// lives in package idempotency, the sidecar in package proxy, tenant
+// resolution in package tenancy, each store in a package of its own
+// (store/memory, store/postgres, store/redis) and their shared
+// conformance suite in store/storetest.
 package idemproxy
 
 import (

@@ -98,25 +98,30 @@ func WriteProblem(w http.ResponseWriter, p *Problem) {
 // ProblemFor is the one mapping from an error idemproxy's packages return
 // to the problem a client is answered with. A *Problem is returned as it
 // is. A store's errors fail closed: a full store is 503 store-full (the
-// detail names the bound), a missing entry 404 not-found, and every other
-// error, ErrUnavailable and misconfiguration included, 503
-// store-unavailable; both 503s carry Retry-After. The client never sees
-// the cause's text, only which case it is: log err beside the problem.
-func ProblemFor(err error) *Problem {
+// detail names the bound, by the Go name of the setting that sets it,
+// spelled by setting: nil spells the Go name), a missing entry 404
+// not-found, and every other error, ErrUnavailable and misconfiguration
+// included, 503 store-unavailable; both 503s carry Retry-After. The client
+// never sees the cause's text, only which case it is: log err beside the
+// problem.
+func ProblemFor(err error, setting func(goName string) string) *Problem {
 	var p *Problem
 	if errors.As(err, &p) {
 		return p
+	}
+	if setting == nil {
+		setting = func(goName string) string { return goName }
 	}
 	var mis *MisconfiguredError
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return NewProblem(ProblemNotFound, "no lock or record for this tenant and key")
 	case errors.Is(err, ErrFullTenant):
-		p = NewProblem(ProblemStoreFull, "this tenant holds as many keys as one tenant may (IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES); nothing was forwarded or stored")
+		p = NewProblem(ProblemStoreFull, "this tenant holds as many keys as one tenant may ("+setting("memory.Options.TenantMaxEntries")+"); nothing was forwarded or stored")
 	case errors.Is(err, ErrFullBytes):
-		p = NewProblem(ProblemStoreFull, "the idempotency store holds as many bytes as it may (IDEMPROXY_MEMORY_MAX_BYTES); nothing was forwarded or stored")
+		p = NewProblem(ProblemStoreFull, "the idempotency store holds as many bytes as it may ("+setting("memory.Options.MaxBytes")+"); nothing was forwarded or stored")
 	case errors.Is(err, ErrFull):
-		p = NewProblem(ProblemStoreFull, "the idempotency store holds as many keys as it may (IDEMPROXY_MEMORY_MAX_ENTRIES); nothing was forwarded or stored")
+		p = NewProblem(ProblemStoreFull, "the idempotency store holds as many keys as it may ("+setting("memory.Options.MaxEntries")+"); nothing was forwarded or stored")
 	case errors.As(err, &mis):
 		p = NewProblem(ProblemStoreUnavailable, "the idempotency store is misconfigured ("+mis.Reason+"); nothing was forwarded or changed")
 	default:

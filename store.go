@@ -78,6 +78,6 @@ type Capabilities struct {
 	// network (Postgres, Redis): every operation is a round trip, and
 	// another replica may hold the lock or record a request meets. Such a
 	// store's succeeded records are worth caching in each replica (see
-	// proxy.CacheRecords); the memory store's are not.
+	// idempotency.CacheRecords); the memory store's are not.
 	Shared bool
 }

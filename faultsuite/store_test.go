@@ -21,7 +21,7 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 // storeNames are the stores the suite knows, in the order it runs them.
@@ -124,10 +124,10 @@ func redisBackend(t *testing.T) *backend {
 	b.clean = func(t *testing.T, tenants []string) {
 		c := redistest.Client(t, redisURL)
 		for _, tenant := range tenants {
-			redistest.Delete(t, c, store.DefaultRedisPrefix+tenant+":*")
+			redistest.Delete(t, c, redis.DefaultPrefix+tenant+":*")
 		}
 	}
-	b.completion.marker = []byte(store.RedisCompleteSHA)
+	b.completion.marker = []byte(redis.CompleteSHA)
 	return b
 }
 
@@ -135,7 +135,7 @@ func redisBackend(t *testing.T) *backend {
 // redisURL, 16 at a time.
 func lookupAll(t *testing.T, redisURL string, ids []string) map[string]storedEntry {
 	t.Helper()
-	r, err := store.NewRedis(store.RedisOptions{URL: redisURL, OpTimeout: 10 * time.Second})
+	r, err := redis.New(redis.Options{URL: redisURL, OpTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

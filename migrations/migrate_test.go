@@ -19,16 +19,16 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
 // newStore opens a Postgres store on dbURL, closed when the test ends.
-func newStore(t *testing.T, dbURL string) *store.Postgres {
+func newStore(t *testing.T, dbURL string) *postgres.Store {
 	t.Helper()
-	p, err := store.NewPostgres(t.Context(), store.PostgresOptions{URL: dbURL})
+	p, err := postgres.New(t.Context(), postgres.Options{URL: dbURL})
 	if err != nil {
-		t.Fatalf("NewPostgres: %v", err)
+		t.Fatalf("postgres.New: %v", err)
 	}
 	t.Cleanup(p.Close)
 	return p

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -154,7 +155,7 @@ func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry,
 	if !ok {
 		return idemproxy.Entry{}, false
 	}
-	key, err := ParseKey(q["key"])
+	key, err := idempotency.ParseKey(q["key"])
 	if err != nil {
 		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, "query parameter key: "+err.Error()))
 		return idemproxy.Entry{}, false
@@ -168,7 +169,7 @@ func (a *admin) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.Is(err, idemproxy.ErrNotFound) {
 		a.log.WarnContext(r.Context(), "admin: store operation failed", "error", err)
 	}
-	idemproxy.WriteProblem(w, idemproxy.ProblemFor(err))
+	idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, Variable))
 }
 
 // getKeys shows one key's lock or record when the key parameter is

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -29,7 +30,7 @@ func withRecordCache(counted **countingStore, hits *atomic.Int64) option {
 	return func(e *env, c *proxy.Config, _ *tenancy.Config) {
 		cs := &countingStore{Store: c.Store}
 		*counted = cs
-		c.Store = proxy.CacheRecords(cs, proxy.RecordCacheOptions{
+		c.Store = idempotency.CacheRecords(cs, idempotency.RecordCacheOptions{
 			MaxEntries: 100, MaxAge: 30 * time.Second, Now: e.clock.Now,
 			OnHit: func() { hits.Add(1) },
 		})
@@ -39,7 +40,7 @@ func withRecordCache(counted **countingStore, hits *atomic.Int64) option {
 func TestRecordCache(t *testing.T) { forEachStore(t, testRecordCache) }
 
 func testRecordCache(t *testing.T, st option) {
-	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
+	for _, mode := range []idempotency.Mode{idempotency.ModeNoop, idempotency.ModeStrict, idempotency.ModeReplay} {
 		t.Run(string(mode), func(t *testing.T) {
 			var cs *countingStore
 			var hits atomic.Int64
@@ -56,9 +57,9 @@ func testRecordCache(t *testing.T, st option) {
 					t.Fatalf("replay %d: %d %v", i, resp.StatusCode, resp.Header)
 				}
 				switch mode {
-				case proxy.ModeStrict:
+				case idempotency.ModeStrict:
 					wantProblem(t, resp, http.StatusConflict, "replay")
-				case proxy.ModeReplay:
+				case idempotency.ModeReplay:
 					if body := readBody(t, resp); body != `{"id":1}` || resp.StatusCode != http.StatusCreated {
 						t.Fatalf("cached replay: %d %q", resp.StatusCode, body)
 					}

@@ -21,11 +21,15 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/fakeclock"
 	"github.com/idemproxy/idemproxy/internal/faultnet"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
+	"github.com/idemproxy/idemproxy/store/postgres"
+	"github.com/idemproxy/idemproxy/store/redis"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -82,33 +86,16 @@ func (u *upstream) url() *url.URL {
 	return v
 }
 
-// clock is a settable clock for expiry tests.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+// newClock is the fake clock of a memory store under test.
+func newClock() *fakeclock.Clock { return fakeclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) }
 
 // env is one proxy under test: its upstream, store and test server.
 type env struct {
 	t       *testing.T
 	up      *upstream
-	mem     *store.Memory
+	mem     *memory.Store
 	store   idemproxy.Store
-	clock   *clock
+	clock   *fakeclock.Clock
 	srv     *httptest.Server
 	proxy   *proxy.Proxy
 	metrics *proxy.Metrics
@@ -121,7 +108,7 @@ type env struct {
 // option adjusts an env before its proxy is built.
 type option func(*env, *proxy.Config, *tenancy.Config)
 
-func withMode(m proxy.Mode) option {
+func withMode(m idempotency.Mode) option {
 	return func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Mode = m }
 }
 
@@ -149,9 +136,9 @@ func postgresBackend(t *testing.T) *backend {
 	fn, via := pgtest.Faultnet(t, pgtest.URL(t))
 	return &backend{net: fn,
 		open: func() idemproxy.Store {
-			pg, err := store.NewPostgres(context.Background(), store.PostgresOptions{URL: via, MaxConns: 8})
+			pg, err := postgres.New(context.Background(), postgres.Options{URL: via, MaxConns: 8})
 			if err != nil {
-				t.Fatalf("NewPostgres: %v", err)
+				t.Fatalf("postgres.New: %v", err)
 			}
 			t.Cleanup(pg.Close)
 			return pg
@@ -173,9 +160,9 @@ func redisBackend(t *testing.T) *backend {
 	match := func(tenant uuid.UUID) string { return prefix + tenant.String() + ":*" }
 	return &backend{net: fn,
 		open: func() idemproxy.Store {
-			r, err := store.NewRedis(store.RedisOptions{URL: via, Prefix: prefix, PoolSize: 8, AutoPipeline: true})
+			r, err := redis.New(redis.Options{URL: via, Prefix: prefix, PoolSize: 8, AutoPipeline: true})
 			if err != nil {
-				t.Fatalf("NewRedis: %v", err)
+				t.Fatalf("redis.New: %v", err)
 			}
 			t.Cleanup(func() { r.Close() })
 			return r
@@ -257,11 +244,11 @@ func (e *env) entries() int {
 func newEnv(t *testing.T, opts ...option) *env {
 	t.Helper()
 	e := &env{t: t, up: newUpstream(t), clock: newClock(), tenant: uuid.New()}
-	e.mem = store.NewMemory(store.MemoryOptions{Now: e.clock.Now, SweepInterval: -1})
+	e.mem = memory.New(memory.Options{Now: e.clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { e.mem.Close() })
 	cfg := proxy.Config{
 		Upstream: e.up.url(),
-		IdempotencyConfig: proxy.IdempotencyConfig{
+		Config: idempotency.Config{
 			Store:           e.mem,
 			LockTimeout:     10 * time.Second,
 			UpstreamTimeout: 2 * time.Second,
@@ -274,7 +261,7 @@ func newEnv(t *testing.T, opts ...option) *env {
 		o(e, &cfg, &tc)
 	}
 	e.store = cfg.Store
-	e.metrics = cfg.Metrics
+	e.metrics, _ = cfg.Metrics.(*proxy.Metrics)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	res, err := tenancy.New(ctx, tc)
@@ -402,7 +389,7 @@ func newEnvWithStoreLimit(t *testing.T, max int) *env {
 	t.Helper()
 	var e *env
 	c := newClock()
-	m := store.NewMemory(store.MemoryOptions{MaxEntries: max, Now: c.Now, SweepInterval: -1})
+	m := memory.New(memory.Options{MaxEntries: max, Now: c.Now, SweepInterval: -1})
 	t.Cleanup(func() { m.Close() })
 	e = newEnv(t, func(_ *env, cfg *proxy.Config, _ *tenancy.Config) { cfg.Store = m })
 	e.mem, e.clock = m, c
@@ -411,12 +398,12 @@ func newEnvWithStoreLimit(t *testing.T, max int) *env {
 
 // wantReplay checks a retry of a recorded command is answered as mode
 // says: the original status (noop, replay) or a 409 naming it (strict).
-func (e *env) wantReplay(resp *http.Response, mode proxy.Mode, status int) {
+func (e *env) wantReplay(resp *http.Response, mode idempotency.Mode, status int) {
 	e.t.Helper()
 	if resp.Header.Get("Idempotent-Replayed") != "true" {
 		e.t.Fatalf("not a replay: %d %v", resp.StatusCode, resp.Header)
 	}
-	if mode == proxy.ModeStrict {
+	if mode == idempotency.ModeStrict {
 		wantProblem(e.t, resp, http.StatusConflict, "replay")
 		return
 	}

@@ -21,8 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -30,7 +31,7 @@ import (
 func TestStateTable(t *testing.T) { forEachStore(t, testStateTable) }
 
 func testStateTable(t *testing.T, st option) {
-	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
+	for _, mode := range []idempotency.Mode{idempotency.ModeNoop, idempotency.ModeStrict, idempotency.ModeReplay} {
 		t.Run(string(mode), func(t *testing.T) {
 			e := newEnv(t, st, withMode(mode))
 			first := req{key: "order-1", body: `{"item":"book"}`}
@@ -56,7 +57,7 @@ func testStateTable(t *testing.T, st option) {
 				t.Fatalf("Idempotent-Replayed: got %q, want true", got)
 			}
 			switch mode {
-			case proxy.ModeNoop:
+			case idempotency.ModeNoop:
 				wantStatus(t, resp, http.StatusCreated)
 				if body := readBody(t, resp); body != "" {
 					t.Fatalf("noop replay body: got %q, want empty", body)
@@ -67,7 +68,7 @@ func testStateTable(t *testing.T, st option) {
 				if got := resp.Header.Get("Idempotency-Command-Type"); got != "POST /orders" {
 					t.Fatalf("replayed command type: got %q, want POST /orders", got)
 				}
-			case proxy.ModeStrict:
+			case idempotency.ModeStrict:
 				p := wantProblem(t, resp, http.StatusConflict, "replay")
 				if p["command_id"] != commandID || p["command_type"] != "POST /orders" {
 					t.Fatalf("strict problem members: got %v", p)
@@ -76,7 +77,7 @@ func testStateTable(t *testing.T, st option) {
 				if err != nil || (e.backend == nil && !created.Equal(e.clock.Now())) || (e.backend != nil && time.Since(created).Abs() > time.Minute) {
 					t.Fatalf("created_at: got %v (%v), want %v", p["created_at"], err, e.clock.Now())
 				}
-			case proxy.ModeReplay:
+			case idempotency.ModeReplay:
 				wantStatus(t, resp, http.StatusCreated)
 				if body := readBody(t, resp); body != `{"id":1}` {
 					t.Fatalf("replayed body: got %q, want the stored one", body)
@@ -111,8 +112,8 @@ func testStateTable(t *testing.T, st option) {
 
 // forEachMode runs a test once per mode: the after-forwarding rules hold
 // whatever a later replay looks like.
-func forEachMode(t *testing.T, f func(t *testing.T, mode proxy.Mode)) {
-	for _, mode := range []proxy.Mode{proxy.ModeNoop, proxy.ModeStrict, proxy.ModeReplay} {
+func forEachMode(t *testing.T, f func(t *testing.T, mode idempotency.Mode)) {
+	for _, mode := range []idempotency.Mode{idempotency.ModeNoop, idempotency.ModeStrict, idempotency.ModeReplay} {
 		t.Run(string(mode), func(t *testing.T) { f(t, mode) })
 	}
 }
@@ -162,7 +163,7 @@ func testInFlight(t *testing.T, st option) {
 		t.Fatal("after completion the retry was not a replay")
 	}
 	e.wantCalls(1)
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeInProgress)); got != 1 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeInProgress)); got != 1 {
 		t.Fatalf("in_progress outcomes: got %v, want 1", got)
 	}
 }
@@ -170,7 +171,7 @@ func testInFlight(t *testing.T, st option) {
 func TestUpstreamNon2xxReleases(t *testing.T) { forEachStore(t, testUpstreamNon2xxReleases) }
 
 func testUpstreamNon2xxReleases(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		for _, code := range []int{http.StatusBadRequest, http.StatusConflict, http.StatusInternalServerError, http.StatusServiceUnavailable} {
 			t.Run(strconv.Itoa(code), func(t *testing.T) {
 				e := newEnv(t, st, withMode(mode))
@@ -198,7 +199,7 @@ func testUpstreamNon2xxReleases(t *testing.T, st option) {
 func TestUpstreamRefusedReleases(t *testing.T) { forEachStore(t, testUpstreamRefusedReleases) }
 
 func testUpstreamRefusedReleases(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -211,7 +212,7 @@ func testUpstreamRefusedReleases(t *testing.T, st option) {
 		if p["detail"] == "" {
 			t.Fatal("no detail")
 		}
-		if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeUpstreamError)); got != 1 {
+		if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeUpstreamError)); got != 1 {
 			t.Fatalf("upstream_error outcomes: got %v, want 1", got)
 		}
 
@@ -233,7 +234,7 @@ func testUpstreamRefusedReleases(t *testing.T, st option) {
 func TestUpstreamTimeoutHoldsLock(t *testing.T) { forEachStore(t, testUpstreamTimeoutHoldsLock) }
 
 func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
 		entered, release := blockingUpstream(t, e)
 		resp := e.do(req{key: "k"})
@@ -256,7 +257,7 @@ func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
 func TestUpstreamResetHoldsLock(t *testing.T) { forEachStore(t, testUpstreamResetHoldsLock) }
 
 func testUpstreamResetHoldsLock(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		e := newEnv(t, st, withMode(mode))
 		e.up.set(func(w http.ResponseWriter, r *http.Request) {
 			conn, _, err := http.NewResponseController(w).Hijack()
@@ -315,7 +316,7 @@ func (f *failingStore) Ping(ctx context.Context) error {
 func TestRecordWriteFailureKeepsLock(t *testing.T) { forEachStore(t, testRecordWriteFailureKeepsLock) }
 
 func testRecordWriteFailureKeepsLock(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		fs := &failingStore{complete: fmt.Errorf("%w: connection refused", idemproxy.ErrUnavailable)}
 		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 			fs.Store = c.Store
@@ -401,7 +402,7 @@ func testStoreUnavailableFailsClosed(t *testing.T, st option) {
 	if status := getStatus(t, admin.URL+"/readyz"); status != http.StatusOK {
 		t.Fatalf("/readyz after the outage: got %d, want 200", status)
 	}
-	e.wantReplay(e.do(req{key: "before"}), proxy.ModeNoop, http.StatusCreated)
+	e.wantReplay(e.do(req{key: "before"}), idempotency.ModeNoop, http.StatusCreated)
 	e.wantCalls(3)
 }
 
@@ -498,7 +499,7 @@ func testClientGivesUp(t *testing.T, st option) {
 func TestPassThrough(t *testing.T) { forEachStore(t, testPassThrough) }
 
 func testPassThrough(t *testing.T, st option) {
-	e := newEnv(t, st, withMode(proxy.ModeStrict))
+	e := newEnv(t, st, withMode(idempotency.ModeStrict))
 	// Safe methods pass untouched even with a key, twice.
 	for range 2 {
 		resp := e.do(req{method: http.MethodGet, key: "k"})
@@ -519,7 +520,7 @@ func testPassThrough(t *testing.T, st option) {
 	if e.entries() != 0 {
 		t.Fatalf("store holds %d entries after pass-through traffic, want 0", e.entries())
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomePassthrough)); got != 5 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomePassthrough)); got != 5 {
 		t.Fatalf("passthrough outcomes: got %v, want 5", got)
 	}
 }
@@ -571,7 +572,7 @@ func TestConfigRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := proxy.Config{Upstream: newUpstream(t).url(), Tenancy: mustResolver(t),
-				IdempotencyConfig: proxy.IdempotencyConfig{Store: mem}}
+				Config: idempotency.Config{Store: mem}}
 			if _, err := proxy.New(cfg); err != nil {
 				t.Fatalf("the base config is refused: %v", err)
 			}
@@ -686,7 +687,7 @@ func testBadInput(t *testing.T, st option) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(proxy.OutcomeRejected)); got != float64(len(cases)) {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeRejected)); got != float64(len(cases)) {
 		t.Fatalf("rejected outcomes: got %v, want %d", got, len(cases))
 	}
 }
@@ -728,7 +729,7 @@ func testForwardedHeaders(t *testing.T, st option) {
 func TestReplayModeLargeResponse(t *testing.T) { forEachStore(t, testReplayModeLargeResponse) }
 
 func testReplayModeLargeResponse(t *testing.T, st option) {
-	e := newEnv(t, st, withMode(proxy.ModeReplay), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.ReplayMaxBytes = 8 })
+	e := newEnv(t, st, withMode(idempotency.ModeReplay), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.ReplayMaxBytes = 8 })
 	big := strings.Repeat("y", 100)
 	e.up.set(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusAccepted)
@@ -929,7 +930,7 @@ func testRerunByTheStore(t *testing.T, st option) {
 	if got := testutil.ToFloat64(e.metrics.RecordWriteFailures); got != 0 {
 		t.Fatalf("record write failures: %v, want 0", got)
 	}
-	e.wantReplay(e.do(req{key: "k"}), proxy.ModeNoop, http.StatusCreated)
+	e.wantReplay(e.do(req{key: "k"}), idempotency.ModeNoop, http.StatusCreated)
 	e.wantCalls(2)
 }
 
@@ -943,7 +944,7 @@ func TestTokenDecidesAtTheProxy(t *testing.T) {
 		{tenancy.SourceJWT, tenancy.SourceHeader},
 	} {
 		t.Run(fmt.Sprint(sources), func(t *testing.T) {
-			e := newEnv(t, withMode(proxy.ModeReplay), func(_ *env, _ *proxy.Config, tc *tenancy.Config) {
+			e := newEnv(t, withMode(idempotency.ModeReplay), func(_ *env, _ *proxy.Config, tc *tenancy.Config) {
 				tc.Sources = sources
 				tc.HS256Secret = secret
 			})
@@ -1050,7 +1051,7 @@ func testMethodCase(t *testing.T, st option) {
 func TestSuccessStatus(t *testing.T) { forEachStore(t, testSuccessStatus) }
 
 func testSuccessStatus(t *testing.T, st option) {
-	forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 		seeOther := func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Location", "/orders/1")
 			w.WriteHeader(http.StatusSeeOther)
@@ -1062,7 +1063,7 @@ func testSuccessStatus(t *testing.T, st option) {
 		}
 		def.wantCalls(3)
 
-		set, err := proxy.ParseStatusSet("2xx,303")
+		set, err := idempotency.ParseStatusSet("2xx,303")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1072,7 +1073,7 @@ func testSuccessStatus(t *testing.T, st option) {
 		for range 2 {
 			resp := e.do(req{key: "prg"})
 			e.wantReplay(resp, mode, http.StatusSeeOther)
-			if mode == proxy.ModeReplay && resp.Header.Get("Location") != "/orders/1" {
+			if mode == idempotency.ModeReplay && resp.Header.Get("Location") != "/orders/1" {
 				t.Fatalf("replayed 303 without its Location: %v", resp.Header)
 			}
 		}
@@ -1087,7 +1088,7 @@ func testSuccessStatus(t *testing.T, st option) {
 }
 
 func TestParseStatusSet(t *testing.T) {
-	set, err := proxy.ParseStatusSet(" 2XX , 303")
+	set, err := idempotency.ParseStatusSet(" 2XX , 303")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1097,7 +1098,7 @@ func TestParseStatusSet(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", ",", "1xx", "6xx", "2x", "199", "600", "abc", "2xx,30", "0303"} {
-		if _, err := proxy.ParseStatusSet(bad); err == nil {
+		if _, err := idempotency.ParseStatusSet(bad); err == nil {
 			t.Errorf("ParseStatusSet(%q) accepted", bad)
 		}
 	}
@@ -1135,23 +1136,23 @@ func TestConnectionListedHeadersReachUpstream(t *testing.T) {
 // 503 store-full naming its variable; the tenant bound leaves other
 // tenants alone.
 func TestStoreFullNamesTheBound(t *testing.T) {
-	withStore := func(opts store.MemoryOptions) option {
+	withStore := func(opts memory.Options) option {
 		return func(e *env, c *proxy.Config, _ *tenancy.Config) {
 			opts.Now, opts.SweepInterval = e.clock.Now, -1
-			m := store.NewMemory(opts)
+			m := memory.New(opts)
 			e.t.Cleanup(func() { m.Close() })
 			c.Store, e.mem = m, m
 		}
 	}
-	perEntry := int64(store.EntryOverhead + len("k0") + len("POST /orders"))
+	perEntry := int64(memory.EntryOverhead + len("k0") + len("POST /orders"))
 	for _, c := range []struct {
 		name     string
-		opts     store.MemoryOptions
+		opts     memory.Options
 		variable string
 	}{
-		{"entries", store.MemoryOptions{MaxEntries: 2}, "IDEMPROXY_MEMORY_MAX_ENTRIES"},
-		{"bytes", store.MemoryOptions{MaxBytes: 2 * perEntry}, "IDEMPROXY_MEMORY_MAX_BYTES"},
-		{"tenant", store.MemoryOptions{TenantMaxEntries: 2}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"},
+		{"entries", memory.Options{MaxEntries: 2}, "IDEMPROXY_MEMORY_MAX_ENTRIES"},
+		{"bytes", memory.Options{MaxBytes: 2 * perEntry}, "IDEMPROXY_MEMORY_MAX_BYTES"},
+		{"tenant", memory.Options{TenantMaxEntries: 2}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, withStore(c.opts))

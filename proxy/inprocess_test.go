@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -30,7 +31,7 @@ type service struct {
 	h    http.HandlerFunc
 }
 
-func newService(t *testing.T, st option, set func(*proxy.IdempotencyConfig)) *service {
+func newService(t *testing.T, st option, set func(*idempotency.Config)) *service {
 	t.Helper()
 	s := &service{env: newEnv(t, st)}
 	s.h = func(w http.ResponseWriter, r *http.Request) {
@@ -39,14 +40,14 @@ func newService(t *testing.T, st option, set func(*proxy.IdempotencyConfig)) *se
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":1}`)
 	}
-	cfg := proxy.IdempotencyConfig{Store: s.store, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
+	cfg := idempotency.Config{Store: s.store, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
 		KeyTTL: time.Hour, Metrics: proxy.NewMetrics(nil)}
 	if set != nil {
 		set(&cfg)
 	}
-	idem, err := proxy.NewIdempotency(cfg)
+	idem, err := idempotency.New(cfg)
 	if err != nil {
-		t.Fatalf("NewIdempotency: %v", err)
+		t.Fatalf("idempotency.New: %v", err)
 	}
 	resolver, err := tenancy.New(t.Context(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
 	if err != nil {
@@ -82,19 +83,19 @@ func (s *service) wantRuns(want int64) {
 	}
 }
 
-func withIdemMode(m proxy.Mode) func(*proxy.IdempotencyConfig) {
-	return func(c *proxy.IdempotencyConfig) { c.Mode = m }
+func withIdemMode(m idempotency.Mode) func(*idempotency.Config) {
+	return func(c *idempotency.Config) { c.Mode = m }
 }
 
 // TestMiddlewareStateTable: in-process, the handler plays the upstream's
 // part in the first table, in every mode.
 func TestMiddlewareStateTable(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st option) {
-		forEachMode(t, func(t *testing.T, mode proxy.Mode) {
+		forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
 			s := newService(t, st, withIdemMode(mode))
 			var seen uuid.UUID
 			s.set(func(w http.ResponseWriter, r *http.Request) {
-				seen, _ = proxy.CommandID(r.Context())
+				seen, _ = idempotency.CommandID(r.Context())
 				w.Header().Set("Content-Type", "application/json")
 				w.Header().Set("Set-Cookie", "session=secret")
 				w.WriteHeader(http.StatusCreated)
@@ -114,11 +115,11 @@ func TestMiddlewareStateTable(t *testing.T) {
 			resp = s.do(first)
 			s.wantReplay(resp, mode, http.StatusCreated)
 			switch body := readBody(t, resp); mode {
-			case proxy.ModeReplay:
+			case idempotency.ModeReplay:
 				if body != `{"id":1}` || resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Set-Cookie") != "" {
 					t.Fatalf("replay: body %q, header %v", body, resp.Header)
 				}
-			case proxy.ModeNoop:
+			case idempotency.ModeNoop:
 				if body != "" {
 					t.Fatalf("noop replay body %q", body)
 				}
@@ -176,7 +177,7 @@ func TestMiddlewareRacingDuplicates(t *testing.T) {
 		}
 		close(release)
 		wantStatus(t, <-done, http.StatusCreated)
-		s.wantReplay(s.do(first), proxy.ModeNoop, http.StatusCreated)
+		s.wantReplay(s.do(first), idempotency.ModeNoop, http.StatusCreated)
 		s.wantRuns(1)
 	})
 }
@@ -204,7 +205,7 @@ func TestMiddlewareFailureReleases(t *testing.T) {
 			t.Fatalf("store holds %d entries after a failure, want 0 (released)", n)
 		}
 		wantStatus(t, s.do(req{key: "k", body: "x"}), http.StatusCreated)
-		s.wantReplay(s.do(req{key: "k", body: "x"}), proxy.ModeNoop, http.StatusCreated)
+		s.wantReplay(s.do(req{key: "k", body: "x"}), idempotency.ModeNoop, http.StatusCreated)
 		s.wantRuns(2)
 	})
 }
@@ -252,7 +253,7 @@ func TestMiddlewareClientGoneCommandCompletes(t *testing.T) {
 			t.Fatalf("the handler's context ended with the client's: %v", err)
 		}
 		waitRecord(t, s.store, s.tenant, "gone")
-		s.wantReplay(s.do(req{key: "gone", body: "x"}), proxy.ModeNoop, http.StatusCreated)
+		s.wantReplay(s.do(req{key: "gone", body: "x"}), idempotency.ModeNoop, http.StatusCreated)
 		s.wantRuns(1)
 	})
 }
@@ -274,7 +275,7 @@ func (b blockingComplete) Complete(ctx context.Context, c idemproxy.Completion) 
 // client before its record is written.
 func TestMiddlewareRecordBeforeResponse(t *testing.T) {
 	bc := blockingComplete{entered: make(chan struct{}), proceed: make(chan struct{})}
-	s := newService(t, memoryStore, func(c *proxy.IdempotencyConfig) {
+	s := newService(t, memoryStore, func(c *idempotency.Config) {
 		bc.Store = c.Store
 		c.Store = bc
 	})
@@ -302,7 +303,7 @@ func TestMiddlewareRecordBeforeResponse(t *testing.T) {
 // first, replays like noop.
 func TestMiddlewareLargeResponse(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st option) {
-		s := newService(t, st, func(c *proxy.IdempotencyConfig) { c.Mode, c.ReplayMaxBytes = proxy.ModeReplay, 1024 })
+		s := newService(t, st, func(c *idempotency.Config) { c.Mode, c.ReplayMaxBytes = idempotency.ModeReplay, 1024 })
 		big := strings.Repeat("x", 10_000)
 		s.set(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain")
@@ -317,7 +318,7 @@ func TestMiddlewareLargeResponse(t *testing.T) {
 			t.Fatalf("the client got %d bytes, want %d", len(body), len(big))
 		}
 		resp = s.do(req{key: "big", body: "x"})
-		s.wantReplay(resp, proxy.ModeReplay, http.StatusOK)
+		s.wantReplay(resp, idempotency.ModeReplay, http.StatusOK)
 		if body := readBody(t, resp); body != "" {
 			t.Fatalf("a response past the cap replayed %d bytes, want none (like noop)", len(body))
 		}

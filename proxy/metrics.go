@@ -1,26 +1,16 @@
 package proxy
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-)
+	"time"
 
-// Outcomes of a request, the values of idemproxy_requests_total{outcome}.
-const (
-	OutcomePassthrough         = "passthrough"
-	OutcomeForwarded           = "forwarded"
-	OutcomeReplayed            = "replayed"
-	OutcomeConflictReplay      = "conflict_replay"
-	OutcomeInProgress          = "in_progress"
-	OutcomeFingerprintMismatch = "fingerprint_mismatch"
-	OutcomeRejected            = "rejected"
-	OutcomeStoreUnavailable    = "store_unavailable"
-	OutcomeUpstreamError       = "upstream_error"
-	// OutcomeOverloaded: a keyed body found the buffers full (503).
-	OutcomeOverloaded = "overloaded"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/idempotency"
 )
 
 // Metrics are the Prometheus collectors of one proxy. Their names are
-// public interface (README, "Metrics").
+// public interface (docs/operations.md, "Metrics"). They receive the
+// idempotency step's measurements: *Metrics is an idempotency.Metrics.
 type Metrics struct {
 	Requests            *prometheus.CounterVec
 	UpstreamDuration    prometheus.Histogram
@@ -66,9 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Bytes of keyed request bodies buffered now, counted against IDEMPROXY_MAX_BUFFERED_BYTES.",
 		}),
 	}
-	for _, o := range []string{OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay,
-		OutcomeInProgress, OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError,
-		OutcomeOverloaded} {
+	for _, o := range idempotency.Outcomes {
 		m.Requests.WithLabelValues(o)
 	}
 	for _, op := range []string{"claim", "complete", "release", "lookup"} {
@@ -80,3 +68,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// ObserveStoreOp observes idemproxy_store_duration_seconds{op}.
+func (m *Metrics) ObserveStoreOp(op string, d time.Duration) {
+	m.StoreDuration.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// CountRecordWriteFailure counts idemproxy_record_write_failures_total.
+func (m *Metrics) CountRecordWriteFailure() { m.RecordWriteFailures.Inc() }
+
+// CountLockLost counts idemproxy_lock_lost_total.
+func (m *Metrics) CountLockLost() { m.LockLost.Inc() }
+
+// AddBuffered moves idemproxy_buffered_bytes by delta.
+func (m *Metrics) AddBuffered(delta int64) { m.BufferedBytes.Add(float64(delta)) }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,25 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 )
-
-// reqInfo is filled in by the inner handlers and read by the access log.
-type reqInfo struct {
-	id        string
-	outcome   string
-	tenant    uuid.UUID
-	key       string
-	commandID string
-}
-
-type infoKey struct{}
-
-func infoFrom(ctx context.Context) *reqInfo {
-	if ri, ok := ctx.Value(infoKey{}).(*reqInfo); ok {
-		return ri
-	}
-	return &reqInfo{}
-}
 
 var (
 	reqPrefix  = fmt.Sprintf("%s-%d-", hostname(), os.Getpid())
@@ -57,8 +39,8 @@ func (p *Proxy) requestID(next http.Handler) http.Handler {
 			r.Header.Set("X-Request-Id", id)
 		}
 		w.Header().Set("X-Request-Id", id)
-		ri := &reqInfo{id: id, outcome: OutcomePassthrough}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), infoKey{}, ri)))
+		ri := &idempotency.Info{RequestID: id, Outcome: idempotency.OutcomePassthrough}
+		next.ServeHTTP(w, r.WithContext(idempotency.WithInfo(r.Context(), ri)))
 	})
 }
 
@@ -109,28 +91,28 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
-		ri := infoFrom(r.Context())
+		ri := idempotency.InfoFrom(r.Context())
 		defer func() {
-			p.metrics.Requests.WithLabelValues(ri.outcome).Inc()
+			p.metrics.Requests.WithLabelValues(ri.Outcome).Inc()
 			if !p.log.Enabled(r.Context(), slog.LevelInfo) {
 				return
 			}
 			attrs := []slog.Attr{
-				slog.String("request_id", ri.id),
+				slog.String("request_id", ri.RequestID),
 				slog.String("method", r.Method),
 				slog.String("path", r.URL.Path),
 				slog.Int("status", sw.status),
-				slog.String("outcome", ri.outcome),
+				slog.String("outcome", ri.Outcome),
 				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 			}
-			if ri.tenant != uuid.Nil {
-				attrs = append(attrs, slog.String("tenant", ri.tenant.String()))
+			if ri.Tenant != uuid.Nil {
+				attrs = append(attrs, slog.String("tenant", ri.Tenant.String()))
 			}
-			if ri.key != "" {
-				attrs = append(attrs, slog.String("idempotency_key", ri.key))
+			if ri.Key != "" {
+				attrs = append(attrs, slog.String("idempotency_key", ri.Key))
 			}
-			if ri.commandID != "" {
-				attrs = append(attrs, slog.String("command_id", ri.commandID))
+			if ri.CommandID != "" {
+				attrs = append(attrs, slog.String("command_id", ri.CommandID))
 			}
 			p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 		}()
@@ -150,7 +132,7 @@ func (p *Proxy) recover(next http.Handler) http.Handler {
 			if v == http.ErrAbortHandler {
 				panic(v)
 			}
-			p.log.ErrorContext(r.Context(), "panic", "request_id", infoFrom(r.Context()).id,
+			p.log.ErrorContext(r.Context(), "panic", "request_id", idempotency.InfoFrom(r.Context()).RequestID,
 				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
 		}()
@@ -161,6 +143,6 @@ func (p *Proxy) recover(next http.Handler) http.Handler {
 // tenancyRefused answers a checked request the tenancy middleware refused
 // (a bad token, a malformed or conflicting tenant) and counts it rejected.
 func (p *Proxy) tenancyRefused(w http.ResponseWriter, r *http.Request, prob *idemproxy.Problem) {
-	infoFrom(r.Context()).outcome = OutcomeRejected
+	idempotency.InfoFrom(r.Context()).Outcome = idempotency.OutcomeRejected
 	idemproxy.WriteProblem(w, prob)
 }

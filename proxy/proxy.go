@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -22,7 +23,7 @@ import (
 // required; every other zero value is replaced by the default its comment
 // gives.
 type Config struct {
-	IdempotencyConfig
+	idempotency.Config
 	// Upstream is the service requests are forwarded to: an absolute
 	// http or https URL.
 	Upstream *url.URL
@@ -47,13 +48,13 @@ func (c Config) Validate() error {
 	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs.Add("Upstream", "must be an absolute http or https URL, got %q", u.Redacted())
 	}
-	return errors.Join(errs.Err(), c.IdempotencyConfig.Validate())
+	return errors.Join(errs.Err(), c.Config.Validate())
 }
 
 // Proxy is the proxy listener's handler.
 type Proxy struct {
 	cfg     Config
-	idem    *Idempotency
+	idem    *idempotency.Step
 	log     *slog.Logger
 	metrics *Metrics
 	// forwardAlways are the request headers the upstream gets even when
@@ -72,15 +73,25 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Tenancy == nil {
 		return nil, &idemproxy.ConfigError{Struct: "proxy.Config", Field: "Tenancy", Reason: "is required"}
 	}
-	idem, err := NewIdempotency(cfg.IdempotencyConfig)
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	metrics, ok := cfg.Metrics.(*Metrics)
+	if !ok {
+		return nil, &idemproxy.ConfigError{Struct: "proxy.Config", Field: "Metrics", Reason: "must be made by proxy.NewMetrics"}
+	}
+	if cfg.Setting == nil {
+		cfg.Setting = Variable
+	}
+	idem, err := idempotency.New(cfg.Config)
 	if err != nil {
 		return nil, err
 	}
-	cfg.IdempotencyConfig = idem.cfg
+	cfg.Config = idem.Config()
 	if cfg.Transport == nil {
 		cfg.Transport = NewTransport(cfg.UpstreamTimeout)
 	}
-	p := &Proxy{cfg: cfg, idem: idem, log: cfg.Logger, metrics: cfg.Metrics,
+	p := &Proxy{cfg: cfg, idem: idem, log: cfg.Logger, metrics: metrics,
 		forwardAlways: []string{"Idempotency-Key", cfg.Tenancy.Header()},
 	}
 	// The chain is chi middleware, outermost first. It is composed with

@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -15,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 )
 
 // forward mounts the idempotency step in front of the reverse proxy
@@ -24,25 +23,17 @@ import (
 func (p *Proxy) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !p.idem.Checked(r) {
-			infoFrom(r.Context()).outcome = OutcomePassthrough
+			idempotency.InfoFrom(r.Context()).Outcome = idempotency.OutcomePassthrough
 			next.ServeHTTP(w, r)
 			return
 		}
-		cmd, ctx := p.idem.begin(w, r)
+		cmd, out := p.idem.Begin(w, r)
 		if cmd == nil {
 			return
 		}
-		defer cmd.done()
-		next.ServeHTTP(w, cmd.request(r, context.WithValue(ctx, commandKey{}, cmd)))
+		defer cmd.End()
+		next.ServeHTTP(w, out)
 	})
-}
-
-type commandKey struct{}
-
-// commandFrom returns the command an outgoing request carries, if any.
-func commandFrom(ctx context.Context) *command {
-	c, _ := ctx.Value(commandKey{}).(*command)
-	return c
 }
 
 // reverseProxy forwards to the upstream. For a keyed command it records or
@@ -90,11 +81,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// Only idemproxy may tell the upstream which command this is.
 	h.Del("Idempotency-Command-Id")
-	cmd := commandFrom(pr.Out.Context())
+	cmd := idempotency.AttemptFrom(pr.Out.Context())
 	if cmd == nil {
 		return
 	}
-	h.Set("Idempotency-Command-Id", cmd.info.commandID)
+	h.Set("Idempotency-Command-Id", cmd.CommandID().String())
 	// net/http's Transport resends a request carrying an Idempotency-Key
 	// header when a reused connection fails before the first response
 	// byte (Request.isReplayable), and the upstream may then run it twice.
@@ -122,50 +113,18 @@ func lowerASCII(s string) string {
 // modifyResponse settles a command the upstream answered, before the
 // response goes on to the client.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
-	cmd := commandFrom(resp.Request.Context())
-	if cmd == nil {
-		return nil
+	if cmd := idempotency.AttemptFrom(resp.Request.Context()); cmd != nil {
+		cmd.SettleResponse(resp)
 	}
-	var stored *idemproxy.Response
-	if cmd.keepsResponse(resp.StatusCode) {
-		stored = p.capture(resp)
-	}
-	cmd.answered(resp.Request.Context(), resp.StatusCode, stored)
-	resp.Header.Set("Idempotency-Command-Id", cmd.info.commandID)
 	return nil
-}
-
-// capture reads up to ReplayMaxBytes of a 2xx body for replay and puts it
-// back in front of the rest, so the client still gets the whole stream.
-func (p *Proxy) capture(resp *http.Response) *idemproxy.Response {
-	stored := &idemproxy.Response{Header: replayHeader(resp.Header)}
-	limit := p.cfg.ReplayMaxBytes
-	if resp.ContentLength > limit {
-		stored.Truncated = true
-		return stored
-	}
-	var buf bytes.Buffer
-	n, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	if err != nil || n > limit {
-		// Too large, or the upstream broke off mid-body: the command ran,
-		// but its response cannot be reproduced.
-		stored.Truncated = true
-	} else {
-		stored.Body = bytes.Clone(buf.Bytes())
-	}
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(&buf, resp.Body), resp.Body}
-	return stored
 }
 
 // errorHandler answers when the upstream could not be used. A request that
 // was never sent releases its lock; one whose outcome is unknown keeps it
 // until the lease ends, so a retry cannot run the command a second time.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
-	ri := infoFrom(r.Context())
-	cmd := commandFrom(r.Context())
+	ri := idempotency.InfoFrom(r.Context())
+	cmd := idempotency.AttemptFrom(r.Context())
 	notSent := isDialError(err)
 	if cmd == nil && errors.Is(err, context.Canceled) {
 		return // the client went away; nobody is left to answer
@@ -181,12 +140,12 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	switch {
 	case cmd != nil && notSent:
-		cmd.notSent(r.Context())
+		cmd.NotSent(r.Context())
 	case cmd != nil:
-		prob.RetryAfter = cmd.unknown()
-		prob.Extensions = map[string]any{"command_id": cmd.info.commandID}
+		prob.RetryAfter = cmd.Unknown()
+		prob.Extensions = map[string]any{"command_id": cmd.CommandID().String()}
 	}
-	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.id, "error", err, "sent", !notSent)
+	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
 	idemproxy.WriteProblem(w, prob)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -24,7 +25,7 @@ func replica(t *testing.T, up *upstream, st idemproxy.Store) *httptest.Server {
 	t.Helper()
 	p, err := proxy.New(proxy.Config{
 		Upstream: up.url(), Tenancy: mustResolver(t),
-		IdempotencyConfig: proxy.IdempotencyConfig{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
+		Config: idempotency.Config{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +143,7 @@ func testLeaseAfterCrash(t *testing.T, b *backend) {
 	tenant := uuid.New()
 	body := "crash"
 	crashed := idemproxy.Claim{
-		Tenant: tenant, Key: "crash", Fingerprint: proxy.Fingerprint(http.MethodPost, "/orders", "", []byte(body)),
+		Tenant: tenant, Key: "crash", Fingerprint: idempotency.Fingerprint(http.MethodPost, "/orders", "", []byte(body)),
 		CommandID: uuid.New(), CommandType: "POST /orders", Owner: uuid.New(), Lease: 10 * time.Second,
 	}
 	if res, err := st.Claim(context.Background(), crashed); err != nil || !res.Claimed {

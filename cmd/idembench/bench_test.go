@@ -14,8 +14,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -151,7 +152,7 @@ func newBenchProxyBound(b *testing.B, logLevel string, maxEntries int, closeAtEn
 	if err != nil {
 		b.Fatal(err)
 	}
-	mem := store.NewMemory(store.MemoryOptions{MaxEntries: maxEntries, SweepInterval: -1})
+	mem := memory.New(memory.Options{MaxEntries: maxEntries, SweepInterval: -1})
 	if closeAtEnd {
 		b.Cleanup(func() { _ = mem.Close() })
 	}
@@ -161,7 +162,7 @@ func newBenchProxyBound(b *testing.B, logLevel string, maxEntries int, closeAtEn
 		Upstream:  u,
 		Tenancy:   resolver,
 		Transport: rt,
-		IdempotencyConfig: proxy.IdempotencyConfig{
+		Config: idempotency.Config{
 			Store:   mem,
 			Metrics: proxy.NewMetrics(prometheus.NewRegistry()),
 			Logger:  logger,

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/memstat"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
 )
 
 // memoryResult is the memory store's footprint.
@@ -53,7 +53,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 	if records > 0 {
 		r.Records = records
 		r.MaxEntries = max(2*records, defaultMemoryMaxEntries)
-		m := store.NewMemory(store.MemoryOptions{MaxEntries: r.MaxEntries, SweepInterval: -1})
+		m := memory.New(memory.Options{MaxEntries: r.MaxEntries, SweepInterval: -1})
 		defer m.Close()
 		base := memstat.LiveHeap()
 		ins := newInserter()
@@ -73,7 +73,7 @@ func measureMemory(records, floodMax int) (*memoryResult, error) {
 	}
 
 	if floodMax > 0 {
-		m := store.NewMemory(store.MemoryOptions{MaxEntries: floodMax, SweepInterval: -1})
+		m := memory.New(memory.Options{MaxEntries: floodMax, SweepInterval: -1})
 		defer m.Close()
 		r.FloodMaxEntries = floodMax
 		r.FloodKeys = 4 * floodMax
@@ -118,7 +118,7 @@ func newInserter() *inserter {
 }
 
 // insert reports false when the store is full.
-func (in *inserter) insert(m *store.Memory) (bool, error) {
+func (in *inserter) insert(m *memory.Store) (bool, error) {
 	// A UUID key is the common case; the proxy keeps the header's own
 	// string and builds the command type per request, so both are fresh
 	// allocations here too.

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
-// storeStatements are the statements store.Postgres runs for one keyed
+// storeStatements are the statements postgres.Store runs for one keyed
 // command, in each script's order, with what the pgbench script writes in
 // place of each $n (see the scripts' headers).
 var storeStatements = map[string][]struct {
@@ -18,16 +18,16 @@ var storeStatements = map[string][]struct {
 	params map[int]string
 }{
 	"claim_complete.pgbench": {
-		{"store.ClaimSQL", store.ClaimSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":command_id", 4: ":command_type",
+		{"postgres.ClaimSQL", postgres.ClaimSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":command_id", 4: ":command_type",
 			5: ":owner", 6: ":fingerprint", 7: ":lease_us", 8: ":grace_us"}},
-		{"store.CompleteSQL", store.CompleteSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":owner", 4: ":status",
+		{"postgres.CompleteSQL", postgres.CompleteSQL, map[int]string{1: ":tenant", 2: ":key", 3: ":owner", 4: ":status",
 			5: "NULL", 6: "NULL", 7: "NULL", 8: ":ttl_us"}},
 	},
 	"claim_complete_batched.pgbench": {
-		{"store.ClaimBatchSQL", store.ClaimBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
+		{"postgres.ClaimBatchSQL", postgres.ClaimBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
 			3: batchArray(":command_id::uuid"), 4: batchArray(":command_type::text"), 5: batchArray(":owner::uuid"),
 			6: batchArray(":fingerprint::bytea"), 7: batchArray(":lease_us::bigint"), 8: ":grace_us"}},
-		{"store.CompleteBatchSQL", store.CompleteBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
+		{"postgres.CompleteBatchSQL", postgres.CompleteBatchSQL, map[int]string{1: ":tenant", 2: batchKeys,
 			3: batchArray(":owner::uuid"), 4: batchArray(":status::int"), 5: batchArray("NULL::text"),
 			6: batchArray("NULL::bytea"), 7: batchArray("NULL::bool"), 8: batchArray(":ttl_us::bigint")}},
 	},
@@ -41,7 +41,7 @@ func batchArray(v string) string { return "array_fill(" + v + ", ARRAY[:batch::i
 const batchKeys = "(SELECT array_agg(:key::text || '-' || g) FROM generate_series(1, :batch::int) AS g)"
 
 // TestPgbenchScriptMatchesStore fails when a pgbench script no longer runs
-// the statements store.Postgres runs: the store's statements, their
+// the statements postgres.Store runs: the store's statements, their
 // parameters replaced as the script's header says, and the script's are
 // compared with whitespace collapsed.
 func TestPgbenchScriptMatchesStore(t *testing.T) {

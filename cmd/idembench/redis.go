@@ -10,16 +10,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/store"
+	redisstore "github.com/idemproxy/idemproxy/store/redis"
 )
 
 // openRedis opens the Redis store at opts.RedisURL under a key prefix of
 // the run's own and checks the server. serverCPU reads the CPU time the
 // server (every master of a cluster) has used so far. The close function
 // deletes the run's keys and closes the store.
-func openRedis(ctx context.Context, opts options, progress io.Writer) (_ *store.Redis, serverCPU func() time.Duration, _ func(), _ error) {
+func openRedis(ctx context.Context, opts options, progress io.Writer) (_ *redisstore.Store, serverCPU func() time.Duration, _ func(), _ error) {
 	prefix := "idembench-" + randomHex(6) + ":"
-	rd, err := store.NewRedis(store.RedisOptions{
+	rd, err := redisstore.New(redisstore.Options{
 		URL: opts.RedisURL, Cluster: opts.RedisCluster, Prefix: prefix, PoolSize: opts.RedisPoolSize, AutoPipeline: opts.RedisPipeline,
 	})
 	if err != nil {

@@ -22,9 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
+	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -130,7 +132,7 @@ type env struct {
 	// pg is set when a Postgres target runs (the batched store, as
 	// cmd/idemproxy opens it by default); pgURL has search_path set to the
 	// run's own schema.
-	pg     *store.Postgres
+	pg     *postgres.Store
 	pgURL  string
 	closes []func()
 }
@@ -210,7 +212,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			e.closes = append(e.closes, s.close, rp.Transport.(*http.Transport).CloseIdleConnections)
 			add(name, s.url)
 		case targetMemory:
-			mem := store.NewMemory(store.MemoryOptions{MaxEntries: opts.MemoryMaxEntries})
+			mem := memory.New(memory.Options{MaxEntries: opts.MemoryMaxEntries})
 			e.closes = append(e.closes, func() { _ = mem.Close() })
 			s, err := serveIdemproxy(name, upURL, mem, resolver, logger)
 			if err != nil {
@@ -229,7 +231,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			pg := e.pg
 			if name == targetPostgresUnbatched {
-				pg, err = store.NewPostgres(ctx, store.PostgresOptions{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true})
+				pg, err = postgres.New(ctx, postgres.Options{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true})
 				if err != nil {
 					return nil, err
 				}
@@ -237,7 +239,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			// As cmd/idemproxy runs it: replays answered from the
 			// per-replica record cache (IDEMPROXY_RECORD_CACHE_* defaults).
-			cachedPG := proxy.CacheRecords(pg, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
+			cachedPG := idempotency.CacheRecords(pg, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
 			s, err := serveIdemproxy(name, upURL, cachedPG, resolver, logger)
 			if err != nil {
 				return nil, err
@@ -252,7 +254,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			e.closes = append(e.closes, closeRedis)
 			var st idemproxy.Store = rd
 			if name == targetRedis {
-				st = proxy.CacheRecords(rd, proxy.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
+				st = idempotency.CacheRecords(rd, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
 			}
 			s, err := serveIdemproxy(name, upURL, st, resolver, logger)
 			if err != nil {
@@ -275,7 +277,7 @@ func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resol
 	p, err := proxy.New(proxy.Config{
 		Upstream: upstreamURL,
 		Tenancy:  resolver,
-		IdempotencyConfig: proxy.IdempotencyConfig{
+		Config: idempotency.Config{
 			Store:           st,
 			UpstreamTimeout: upstreamTimeout,
 			Metrics:         proxy.NewMetrics(prometheus.NewRegistry()),
@@ -317,7 +319,7 @@ func accessLogger(level string) (*slog.Logger, error) {
 // openPostgres creates a schema of the run's own in the database at
 // opts.DatabaseURL, migrates it and opens the store on it. The close
 // function closes the store and drops the schema.
-func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store.Postgres, string, func(), error) {
+func openPostgres(ctx context.Context, opts options, progress io.Writer) (*postgres.Store, string, func(), error) {
 	schema := "idembench_" + randomHex(6)
 	if err := execSQL(ctx, opts.DatabaseURL, "CREATE SCHEMA "+schema); err != nil {
 		return nil, "", nil, fmt.Errorf("postgres: %w", err)
@@ -338,7 +340,7 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*store
 		drop()
 		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
 	}
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{
+	pg, err := postgres.New(ctx, postgres.Options{
 		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight,
 	})
 	if err != nil {

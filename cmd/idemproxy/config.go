@@ -19,9 +19,11 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
+	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -46,27 +48,27 @@ type Config struct {
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
 	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" lib:"proxy.Config.Upstream" desc:"the service to protect (required; the demo command supplies its own)"`
 	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres,redis" desc:"memory, postgres or redis"`
-	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.URL" desc:"libpq URL, required for the postgres store"`
-	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" fold:"lower" lib:"proxy.IdempotencyConfig.Mode" desc:"answer to a retried key: noop, strict or replay"`
+	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.URL" desc:"libpq URL, required for the postgres store"`
+	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" fold:"lower" lib:"idempotency.Config.Mode" desc:"answer to a retried key: noop, strict or replay"`
 
-	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" lib:"proxy.IdempotencyConfig.SuccessStatus" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
+	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" lib:"idempotency.Config.SuccessStatus" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
 	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"apply the Postgres migrations at start (postgres store)"`
-	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxConns" desc:"largest Postgres connection pool"`
-	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.MaxConns" desc:"largest Postgres connection pool"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
-	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.MaxBatch" desc:"most operations one batched Postgres statement carries"`
-	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" only:"IDEMPROXY_STORE=postgres" lib:"store.PostgresOptions.BatchesInFlight" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
+	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.MaxBatch" desc:"most operations one batched Postgres statement carries"`
+	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.BatchesInFlight" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
 	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" only:"IDEMPROXY_STORE=postgres" zero:"a plain table" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" zero:"no purge" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
 
-	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"redis.Options.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
 	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" only:"IDEMPROXY_STORE=redis" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
-	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" lib:"store.RedisOptions.PoolSize" desc:"largest Redis connection pool per Redis node"`
-	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" zero:"none" lib:"store.RedisOptions.WaitReplicas" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" lib:"redis.Options.PoolSize" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" zero:"none" lib:"redis.Options.WaitReplicas" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
 	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" only:"IDEMPROXY_STORE=redis" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
 	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," fold:"lower" lib:"tenancy.Config.Sources" desc:"ordered list of header, jwt"`
@@ -79,18 +81,18 @@ type Config struct {
 	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Issuer" desc:"required iss, when set"`
 	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Audience" desc:"required aud, when set"`
 
-	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"proxy.IdempotencyConfig.KeyTTL" desc:"how long a record replays"`
-	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"proxy.IdempotencyConfig.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
-	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
-	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"proxy.IdempotencyConfig.StoreTimeout,store.PostgresOptions.OpTimeout,store.RedisOptions.OpTimeout" desc:"bound on each store operation"`
-	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"proxy.IdempotencyConfig.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
-	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"proxy.IdempotencyConfig.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
-	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"proxy.IdempotencyConfig.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
-	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"proxy.IdempotencyConfig.MaxBufferedBytes" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
-	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" lib:"proxy.IdempotencyConfig.ReplayMaxBytes" desc:"largest response body kept for mode replay"`
-	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.MaxEntries" desc:"bound on locks plus records in the memory store"`
-	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.MaxBytes" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
-	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" lib:"store.MemoryOptions.TenantMaxEntries" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
+	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"idempotency.Config.KeyTTL" desc:"how long a record replays"`
+	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"idempotency.Config.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
+	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
+	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"idempotency.Config.StoreTimeout,postgres.Options.OpTimeout,redis.Options.OpTimeout" desc:"bound on each store operation"`
+	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"idempotency.Config.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
+	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"idempotency.Config.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
+	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"idempotency.Config.MaxBufferedBytes" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
+	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" lib:"idempotency.Config.ReplayMaxBytes" desc:"largest response body kept for mode replay"`
+	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxEntries" desc:"bound on locks plus records in the memory store"`
+	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxBytes" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
+	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.TenantMaxEntries" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
@@ -471,7 +473,7 @@ func explain(err error) error {
 
 // drainBudget is the longest a graceful shutdown takes: the delay, then
 // the longest a request that just started may take to send its body, run
-// and record (proxy.IdempotencyConfig.DrainBudget), and 5s for the
+// and record (idempotency.Config.DrainBudget), and 5s for the
 // listeners to close. An orchestrator's grace period
 // (terminationGracePeriodSeconds) must cover it.
 func (c Config) drainBudget() time.Duration {
@@ -495,9 +497,9 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 	var errs []error
 	pc := proxy.Config{
 		Tenancy: resolver,
-		IdempotencyConfig: proxy.IdempotencyConfig{
+		Config: idempotency.Config{
 			Store:            st,
-			Mode:             proxy.Mode(c.Mode),
+			Mode:             idempotency.Mode(c.Mode),
 			KeyTTL:           c.KeyTTL,
 			LockTimeout:      c.LockTimeout,
 			UpstreamTimeout:  c.UpstreamTimeout,
@@ -518,7 +520,7 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 			pc.Upstream = u
 		}
 	}
-	success, err := proxy.ParseStatusSet(c.SuccessStatus)
+	success, err := idempotency.ParseStatusSet(c.SuccessStatus)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("IDEMPROXY_SUCCESS_STATUS %v", err))
 	}
@@ -527,13 +529,13 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 }
 
 // memoryOptions is the memory store's configuration.
-func (c Config) memoryOptions() store.MemoryOptions {
-	return store.MemoryOptions{MaxEntries: c.MemoryMaxKeys, MaxBytes: c.MemoryMaxBytes, TenantMaxEntries: c.MemoryTenantMax}
+func (c Config) memoryOptions() memory.Options {
+	return memory.Options{MaxEntries: c.MemoryMaxKeys, MaxBytes: c.MemoryMaxBytes, TenantMaxEntries: c.MemoryTenantMax}
 }
 
 // postgresOptions is the Postgres store's configuration.
-func (c Config) postgresOptions(log *slog.Logger) store.PostgresOptions {
-	return store.PostgresOptions{
+func (c Config) postgresOptions(log *slog.Logger) postgres.Options {
+	return postgres.Options{
 		URL:              c.DatabaseURL,
 		MaxConns:         c.DBMaxConns,
 		StatementTimeout: c.DBStatementTimeout,

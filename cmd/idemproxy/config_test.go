@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -151,7 +151,7 @@ func TestConfigNoWarningForUsedVariables(t *testing.T) {
 // enum tag lists distinct values; every lib tag names a setting once.
 func TestConfigTags(t *testing.T) {
 	enums := map[string][]string{
-		"IDEMPROXY_MODE":          {string(proxy.ModeNoop), string(proxy.ModeStrict), string(proxy.ModeReplay)},
+		"IDEMPROXY_MODE":          {string(idempotency.ModeNoop), string(idempotency.ModeStrict), string(idempotency.ModeReplay)},
 		"IDEMPROXY_TENANT_SOURCE": {string(tenancy.SourceHeader), string(tenancy.SourceJWT)},
 	}
 	libs := map[string]string{}

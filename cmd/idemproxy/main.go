@@ -28,8 +28,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -166,7 +167,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	metrics := proxy.NewMetrics(reg)
 	if st.Capabilities().Shared {
-		st = proxy.CacheRecords(st, proxy.RecordCacheOptions{
+		st = idempotency.CacheRecords(st, idempotency.RecordCacheOptions{
 			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
 		})
@@ -238,7 +239,7 @@ func (c Config) server(h http.Handler, log *slog.Logger) *http.Server {
 // warnReplayWithHeaderTenant warns when replay mode hands stored responses
 // to whoever names a tenant in a header: the header is not authenticated.
 func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
-	if !strings.EqualFold(cfg.Mode, string(proxy.ModeReplay)) {
+	if !strings.EqualFold(cfg.Mode, string(idempotency.ModeReplay)) {
 		return
 	}
 	for _, s := range cfg.TenantSource {
@@ -254,7 +255,7 @@ func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
 func openStore(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
 	switch cfg.Store {
 	case "memory":
-		m := store.NewMemory(cfg.memoryOptions())
+		m := memory.New(cfg.memoryOptions())
 		return m, func() { m.Close() }, nil
 	case "postgres":
 		return openPostgres(ctx, cfg, log)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/migrations"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
 // pgStore is the Postgres store as the server runs it: with its purge
@@ -24,7 +24,7 @@ import (
 // the group commit's idemproxy_store_batch_size and
 // idemproxy_store_queue_seconds. It is a prometheus.Collector for them.
 type pgStore struct {
-	*store.Postgres
+	*postgres.Store
 	purged     prometheus.Counter
 	batchSize  *prometheus.HistogramVec
 	queueDelay *prometheus.HistogramVec
@@ -40,7 +40,7 @@ func (s *pgStore) Ping(ctx context.Context) error {
 	if err := s.migrate.failure(); err != nil {
 		return err
 	}
-	return s.Postgres.Ping(ctx)
+	return s.Store.Ping(ctx)
 }
 
 // Describe implements prometheus.Collector.
@@ -100,11 +100,11 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	opts := cfg.postgresOptions(log)
 	opts.ObserveBatch = func(op string, n int) { s.batchSize.WithLabelValues(op).Observe(float64(n)) }
 	opts.ObserveQueue = func(op string, d time.Duration) { s.queueDelay.WithLabelValues(op).Observe(d.Seconds()) }
-	pg, err := store.NewPostgres(ctx, opts)
+	pg, err := postgres.New(ctx, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration: %w", explain(err))
 	}
-	s.Postgres = pg
+	s.Store = pg
 
 	// Background work outlives ctx's end, so that the store keeps working
 	// while serve drains; the close function stops it.
@@ -153,7 +153,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 // warnStatementTimeout logs a warning when the store's statements have no
 // server-side statement_timeout (a pooler's query mode in the URL, and none
 // set on the role).
-func warnStatementTimeout(ctx context.Context, pg *store.Postgres, log *slog.Logger) {
+func warnStatementTimeout(ctx context.Context, pg *postgres.Store, log *slog.Logger) {
 	if err := pg.CheckStatementTimeout(ctx); err != nil {
 		log.Warn("postgres: IDEMPROXY_DB_STATEMENT_TIMEOUT is not in force", "error", err)
 	}
@@ -191,7 +191,7 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	if dbURL == "" {
 		return errors.New("IDEMPROXY_DATABASE_URL is required for idemproxy migrate")
 	}
-	if err := store.CheckURL(dbURL); err != nil {
+	if err := postgres.CheckURL(dbURL); err != nil {
 		return fmt.Errorf("IDEMPROXY_DATABASE_URL %w", err)
 	}
 	partitions := 0

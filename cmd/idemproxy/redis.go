@@ -6,14 +6,14 @@ import (
 	"sync"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 // redisStore is the Redis store as the server runs it: checked at start
-// (store.Redis.Check) and, when Redis could not be reached then, checked
+// (redis.Store.Check) and, when Redis could not be reached then, checked
 // again in the background.
 type redisStore struct {
-	*store.Redis
+	*redis.Store
 	// check is the start-up check; until it has passed, claims and Ping
 	// fail with its last failure, so that nothing is locked on a server
 	// that may evict keys and /readyz reports not ready, naming a
@@ -26,7 +26,7 @@ func (s *redisStore) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cl
 	if err := s.check.failure(); err != nil {
 		return idemproxy.ClaimResult{}, err
 	}
-	return s.Redis.Claim(ctx, c)
+	return s.Store.Claim(ctx, c)
 }
 
 // Ping fails while the start-up check is pending, then reports whether
@@ -35,7 +35,7 @@ func (s *redisStore) Ping(ctx context.Context) error {
 	if err := s.check.failure(); err != nil {
 		return err
 	}
-	return s.Redis.Ping(ctx)
+	return s.Store.Ping(ctx)
 }
 
 // openRedis opens the Redis store for serve and checks the server. A
@@ -46,11 +46,11 @@ func (s *redisStore) Ping(ctx context.Context) error {
 // /readyz is not ready until it passes. The close function stops the
 // background check and closes the connections.
 func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Store, func(), error) {
-	r, err := store.NewRedis(cfg.redisOptions(log))
+	r, err := redis.New(cfg.redisOptions(log))
 	if err != nil {
 		return nil, nil, explain(err)
 	}
-	s := &redisStore{Redis: r, check: startStep{store: "redis", what: "check", try: r.Check}}
+	s := &redisStore{Store: r, check: startStep{store: "redis", what: "check", try: r.Check}}
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	closeStore := func() {
@@ -66,8 +66,8 @@ func openRedis(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.Sto
 }
 
 // redisOptions is the Redis store's configuration.
-func (c Config) redisOptions(log *slog.Logger) store.RedisOptions {
-	return store.RedisOptions{
+func (c Config) redisOptions(log *slog.Logger) redis.Options {
+	return redis.Options{
 		URL:          c.RedisURL,
 		Cluster:      c.RedisCluster,
 		OpTimeout:    c.StoreTimeout,

@@ -18,7 +18,7 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 func TestRedisConfig(t *testing.T) {
@@ -140,7 +140,7 @@ func TestOpenRedisDownThenEvicting(t *testing.T) {
 	}
 	rec := httptest.NewRecorder()
 	admin.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	if want := "not ready: " + store.ReasonEvictingPolicy; rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), want) {
+	if want := "not ready: " + redis.ReasonEvictingPolicy; rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), want) {
 		t.Errorf("/readyz: %d %s, want 503 %q", rec.Code, rec.Body, want)
 	}
 	c := idemproxy.Claim{Tenant: uuid.New(), Key: "k", CommandID: uuid.New(), CommandType: "POST /x", Owner: uuid.New(), Lease: time.Minute}

@@ -37,9 +37,11 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/migrations"
-	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/memory"
+	"github.com/idemproxy/idemproxy/store/postgres"
+	"github.com/idemproxy/idemproxy/store/redis"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -60,7 +62,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer closeStore()
-	app, err := newApp(ctx, st, proxy.Mode(getenv("ORDERS_MODE")), ledger{}, log)
+	app, err := newApp(ctx, st, idempotency.Mode(getenv("ORDERS_MODE")), ledger{}, log)
 	if err != nil {
 		return err
 	}
@@ -85,7 +87,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 func openStore(ctx context.Context, databaseURL, redisURL string, log *slog.Logger) (idemproxy.Store, func(), error) {
 	switch {
 	case redisURL != "":
-		r, err := store.NewRedis(store.RedisOptions{URL: redisURL, Logger: log})
+		r, err := redis.New(redis.Options{URL: redisURL, Logger: log})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -95,13 +97,13 @@ func openStore(ctx context.Context, databaseURL, redisURL string, log *slog.Logg
 		}
 		return r, func() { r.Close() }, nil
 	case databaseURL == "":
-		m := store.NewMemory(store.MemoryOptions{})
+		m := memory.New(memory.Options{})
 		return m, func() { m.Close() }, nil
 	}
 	if err := migrations.Migrate(ctx, databaseURL, "up", io.Discard); err != nil {
 		return nil, nil, err
 	}
-	pg, err := store.NewPostgres(ctx, store.PostgresOptions{URL: databaseURL, Logger: log})
+	pg, err := postgres.New(ctx, postgres.Options{URL: databaseURL, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -129,8 +131,8 @@ type app struct {
 
 // newApp mounts the tenancy and idempotency middleware in front of the
 // service's routes, as the sidecar mounts them in front of its proxy.
-func newApp(ctx context.Context, st idemproxy.Store, mode proxy.Mode, charger Charger, log *slog.Logger) (*app, error) {
-	idem, err := proxy.NewIdempotency(proxy.IdempotencyConfig{Store: st, Mode: mode, Logger: log})
+func newApp(ctx context.Context, st idemproxy.Store, mode idempotency.Mode, charger Charger, log *slog.Logger) (*app, error) {
+	idem, err := idempotency.New(idempotency.Config{Store: st, Mode: mode, Logger: log})
 	if err != nil {
 		return nil, err
 	}

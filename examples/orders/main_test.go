@@ -16,9 +16,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // gateway is a Charger that counts the charges it makes, and can be told
@@ -72,7 +72,7 @@ type client struct {
 	tenant string
 }
 
-func start(t *testing.T, st idemproxy.Store, mode proxy.Mode, g *gateway) (*app, *client) {
+func start(t *testing.T, st idemproxy.Store, mode idempotency.Mode, g *gateway) (*app, *client) {
 	t.Helper()
 	a, err := newApp(t.Context(), st, mode, g, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -106,7 +106,7 @@ func (c *client) order(key, body string) (int, string, bool) {
 func TestRacingDuplicatesChargeOnce(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st idemproxy.Store) {
 		g := &gateway{}
-		a, c := start(t, st, proxy.ModeNoop, g)
+		a, c := start(t, st, idempotency.ModeNoop, g)
 		var wg sync.WaitGroup
 		statuses := make([]int, 30)
 		for i := range statuses {
@@ -136,7 +136,7 @@ func TestFailedChargeRetries(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st idemproxy.Store) {
 		g := &gateway{}
 		g.fail.Store(true)
-		_, c := start(t, st, proxy.ModeNoop, g)
+		_, c := start(t, st, idempotency.ModeNoop, g)
 		if status, body, _ := c.order("order-1", `{"item":"book"}`); status != http.StatusBadGateway || !strings.Contains(body, "declined") {
 			t.Fatalf("first attempt: %d %q, want the handler's 502", status, body)
 		}
@@ -158,7 +158,7 @@ func TestPanicReleasesTheKey(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st idemproxy.Store) {
 		g := &gateway{}
 		g.panics.Store(true)
-		a, c := start(t, st, proxy.ModeNoop, g)
+		a, c := start(t, st, idempotency.ModeNoop, g)
 		status, body, _ := c.order("order-1", `{"item":"book"}`)
 		if status != http.StatusInternalServerError || !strings.Contains(body, "problems/internal") {
 			t.Fatalf("the panicking attempt: %d %q, want a 500 problem", status, body)
@@ -182,7 +182,7 @@ func TestPanicReleasesTheKey(t *testing.T) {
 func TestStrictMode(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st idemproxy.Store) {
 		g := &gateway{hold: make(chan struct{}), entered: make(chan struct{}, 1)}
-		_, c := start(t, st, proxy.ModeStrict, g)
+		_, c := start(t, st, idempotency.ModeStrict, g)
 		first := make(chan string, 1)
 		go func() { _, body, _ := c.order("order-1", `{"item":"book"}`); first <- body }()
 		<-g.entered
@@ -212,7 +212,7 @@ func TestStrictMode(t *testing.T) {
 // TestReadsAreNotChecked: GET passes untouched, key or not, tenant or not.
 func TestReadsAreNotChecked(t *testing.T) {
 	g := &gateway{}
-	_, c := start(t, testStore(t, "", ""), proxy.ModeNoop, g)
+	_, c := start(t, testStore(t, "", ""), idempotency.ModeNoop, g)
 	if status, _, _ := c.order("order-1", `{"item":"book"}`); status != http.StatusCreated {
 		t.Fatalf("create: %d", status)
 	}

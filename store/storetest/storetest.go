@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite of idemproxy.Store: every
-// store runs it, the memory and Postgres stores of package store as much
+// store runs it, the memory, Postgres and Redis stores as much
 // as a store written elsewhere. It checks what the contract on
 // idemproxy.Store promises and the proxy relies on: one claim wins, only
 // the owner completes or releases, leases and expiries judged by the
@@ -28,8 +28,8 @@
 // client of one shared server: each subtest uses tenants of its own, new
 // random UUIDs, so the subtests never meet each other's entries, nor
 // those of other tests using the same server. TestMemoryContract in
-// store/memory_test.go (a fake clock) and TestPostgresContract in
-// store/postgres_test.go (a shared database whose rows are aged) are
+// store/memory/memory_test.go (a fake clock) and TestPostgresContract in
+// store/postgres/postgres_test.go (a shared database whose rows are aged) are
 // complete harnesses.
 //
 // The helpers (NewClaim, Completion, MustClaim, CheckLock, CheckRecord)
@@ -61,7 +61,7 @@ type Harness struct {
 	// Required.
 	//
 	// A store with a clock of its own is given a fake one and Advance
-	// moves it forward (the memory store: MemoryOptions.Now). A store on
+	// moves it forward (the memory store: memory.Options.Now). A store on
 	// a server's clock moves the tenant's times d into the past instead:
 	// Postgres updates the tenant's rows; a Redis store would scan the
 	// tenant's keys, move the times each entry keeps, and shorten each

@@ -1,0 +1,304 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/tenancy"
+)
+
+// The lifecycle of a checked request, as docs/behaviour.md tells it.
+// Begin follows its first table: what the store holds for the key decides
+// the answer, and only a key nobody holds is claimed and forwarded. The
+// Attempt's methods after that follow its second table: what the upstream
+// did decides what becomes of the key. Two mountings drive it: the
+// sidecar's reverse proxy (package proxy) and, in a Go service,
+// Middleware around a handler (middleware.go).
+
+// TenantRequiredDetail is the detail of the 400 for a key without a tenant.
+const TenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey is set"
+
+// Attempt is one checked request whose key it claimed, on its way to the
+// upstream (or the wrapped handler): the command is in flight until the
+// mounting settles it with Answered, NotSent or Unknown, and then calls
+// End.
+type Attempt struct {
+	idem  *Step
+	claim idemproxy.Claim
+	info  *Info
+	// leaseEnd is when the lock's lease ends on this process's clock,
+	// counted from before the claim was sent: never later than the
+	// store's own end.
+	leaseEnd time.Time
+	body     *bodyReader // nil for an empty body
+	bodyLen  int64
+	cancel   context.CancelFunc
+}
+
+// Begin handles a checked request (see Checked) up to its forwarding.
+// When the request is Answered here (bad input, the key locked or
+// recorded, the store unusable) it returns nil. Otherwise the key is
+// claimed: Begin returns the attempt and the request to forward, whose
+// context no longer ends with the client's (a claimed command runs and
+// records to the end whatever the client does) but after UpstreamTimeout,
+// carries the attempt (AttemptFrom) and whose body is the one Begin
+// buffered. The caller forwards that request exactly once, settles the
+// outcome with Answered, NotSent or Unknown, and calls End.
+func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Request) {
+	ri := InfoFrom(r.Context())
+	values, keyed := r.Header["Idempotency-Key"]
+	if !keyed { // checked without a key: its method must carry one
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
+			fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
+		return nil, nil
+	}
+	key, err := ParseKey(values)
+	if err != nil {
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
+		return nil, nil
+	}
+	ri.Key = key
+	tenant, ok := tenancy.FromContext(r.Context())
+	if !ok {
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
+		return nil, nil
+	}
+	ri.Tenant = tenant
+	body, upBody, prob := g.readBody(w, r)
+	if prob != nil {
+		g.reject(w, ri, prob)
+		return nil, nil
+	}
+
+	// The path is the escaped one the upstream receives: /a%2Fb is not /a/b.
+	path := r.URL.EscapedPath()
+	c := &Attempt{idem: g, info: ri, body: upBody, bodyLen: int64(len(body)), cancel: func() {}, claim: idemproxy.Claim{
+		Tenant:      tenant,
+		Key:         key,
+		Fingerprint: Fingerprint(r.Method, path, r.URL.RawQuery, body),
+		CommandID:   newCommandID(),
+		CommandType: commandType(r.Method, path),
+		Owner:       uuid.New(),
+		Lease:       g.cfg.LockTimeout,
+	}}
+	ctx := context.WithoutCancel(r.Context())
+	claimSent := time.Now()
+	res, err := g.cfg.Store.Claim(ctx, c.claim)
+	g.observe("claim", claimSent)
+	switch {
+	case err != nil: // never forward a keyed request unprotected
+		c.End()
+		ri.Outcome = OutcomeStoreUnavailable
+		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
+		idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+		return nil, nil
+	case !res.Claimed:
+		c.End()
+		g.answerExisting(w, ri, c.claim.Fingerprint, res.Entry)
+		return nil, nil
+	}
+	c.leaseEnd = claimSent.Add(res.Entry.Remaining)
+	ri.CommandID = c.claim.CommandID.String()
+	ri.Outcome = OutcomeForwarded
+	ctx, c.cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
+}
+
+// answerExisting answers a request whose key is already locked or
+// recorded: the first table's rows after "nothing".
+func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fingerprint, e idemproxy.Entry) {
+	ri.CommandID = e.CommandID.String()
+	if e.Fingerprint != fp {
+		ri.Outcome = OutcomeFingerprintMismatch
+		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,
+			"this Idempotency-Key was first used with a different method, path, query or body"))
+		return
+	}
+	if e.State == idemproxy.StateInFlight {
+		ri.Outcome = OutcomeInProgress
+		prob := idemproxy.NewProblem(idemproxy.ProblemInProgress,
+			"a request with this Idempotency-Key is still being processed; retry later")
+		prob.RetryAfter = retryAfter(e.Remaining)
+		idemproxy.WriteProblem(w, prob)
+		return
+	}
+	h := w.Header()
+	h.Set("Idempotent-Replayed", "true")
+	h.Set("Idempotency-Command-Id", ri.CommandID)
+	h.Set("Idempotency-Command-Type", e.CommandType)
+	if g.cfg.Mode == ModeStrict {
+		ri.Outcome = OutcomeConflictReplay
+		prob := idemproxy.NewProblem(idemproxy.ProblemReplay, "a request with this Idempotency-Key already succeeded")
+		prob.Extensions = map[string]any{
+			"command_id":   ri.CommandID,
+			"command_type": e.CommandType,
+			"created_at":   e.CreatedAt.UTC().Format(time.RFC3339Nano),
+		}
+		idemproxy.WriteProblem(w, prob)
+		return
+	}
+	ri.Outcome = OutcomeReplayed
+	if g.cfg.Mode == ModeReplay && e.Response != nil && !e.Response.Truncated {
+		for k, v := range e.Response.Header {
+			h[k] = v
+		}
+		h.Set("Content-Length", strconv.Itoa(len(e.Response.Body)))
+		w.WriteHeader(e.Status)
+		_, _ = w.Write(e.Response.Body)
+		return
+	}
+	h.Set("Content-Length", "0")
+	w.WriteHeader(e.Status)
+}
+
+// request is r as the attempt forwards it: in ctx, with the buffered body.
+func (c *Attempt) request(r *http.Request, ctx context.Context) *http.Request {
+	out := r.WithContext(ctx)
+	out.Body = http.NoBody
+	if c.body != nil {
+		out.Body = c.body
+	}
+	out.ContentLength = c.bodyLen
+	out.TransferEncoding = nil
+	return out
+}
+
+type attemptKey struct{}
+
+// AttemptFrom returns the attempt a request's context carries: the
+// request Begin returned, in the sidecar's transport hooks.
+func AttemptFrom(ctx context.Context) *Attempt {
+	c, _ := ctx.Value(attemptKey{}).(*Attempt)
+	return c
+}
+
+// CommandID is the id of the attempt's command.
+func (c *Attempt) CommandID() uuid.UUID { return c.claim.CommandID }
+
+// End ends the attempt: its deadline and its buffered body.
+func (c *Attempt) End() {
+	c.cancel()
+	if c.body != nil {
+		c.body.Close()
+	}
+}
+
+// KeepsResponse reports whether the record of an answer with status keeps
+// the response itself (a success status in mode replay): the mounting
+// then captures it for Answered.
+func (c *Attempt) KeepsResponse(status int) bool {
+	return c.idem.cfg.Mode == ModeReplay && c.idem.cfg.SuccessStatus.Contains(status)
+}
+
+// Answered settles a command the upstream Answered. A success status is
+// recorded, durably, before the caller lets the response go on (with resp,
+// the captured response, in mode replay). Any other status releases the
+// key, so a retry runs normally.
+func (c *Attempt) Answered(ctx context.Context, status int, resp *idemproxy.Response) {
+	if !c.idem.cfg.SuccessStatus.Contains(status) {
+		c.release(ctx)
+		return
+	}
+	c.record(ctx, status, resp)
+}
+
+// NotSent settles a command that could not be sent (refused, DNS): it
+// cannot have taken effect, so the key is released.
+func (c *Attempt) NotSent(ctx context.Context) {
+	c.info.Outcome = OutcomeUpstreamError
+	c.release(ctx)
+}
+
+// Unknown settles a command sent without an answer (timeout, reset): it
+// may have taken effect, so the lock is kept until its lease ends, and a
+// retry meanwhile gets 409. It returns the Retry-After to answer with.
+func (c *Attempt) Unknown() int {
+	c.info.Outcome = OutcomeUpstreamError
+	return retryAfter(time.Until(c.leaseEnd))
+}
+
+// record writes the record of a command that succeeded, retrying as
+// RecordRetries says. If the store keeps failing the lock is kept, never
+// released: the command ran, so a retry must not run it again before the
+// lease ends.
+func (c *Attempt) record(ctx context.Context, status int, resp *idemproxy.Response) {
+	g, cl := c.idem, c.claim
+	comp := idemproxy.Completion{Tenant: cl.Tenant, Key: cl.Key, Owner: cl.Owner, Status: status, Response: resp, TTL: g.cfg.KeyTTL}
+	var err error
+	for attempt := 0; attempt <= len(g.cfg.RecordRetries); attempt++ {
+		if attempt > 0 {
+			time.Sleep(g.cfg.RecordRetries[attempt-1])
+		}
+		err = g.storeOp(ctx, "complete", func(ctx context.Context) error { return g.cfg.Store.Complete(ctx, comp) })
+		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && c.ownRecord(ctx)) {
+			// Written: an earlier run's answer was lost, this attempt's
+			// or one the store's client resent within it.
+			return
+		}
+		if errors.Is(err, idemproxy.ErrNotOwner) {
+			g.metrics.CountLockLost()
+			g.log.ErrorContext(ctx, "record not written: the lock expired and was claimed again; the command may have run twice",
+				"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key, "command_id", c.info.CommandID)
+			return
+		}
+	}
+	g.metrics.CountRecordWriteFailure()
+	g.log.ErrorContext(ctx, "RECORD WRITE FAILED after a success status: key stays locked until its lease ends",
+		"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+		"command_id", c.info.CommandID, "lease", g.cfg.LockTimeout.String(), "error", err)
+}
+
+// ownRecord reports whether the key holds the record of this very command.
+func (c *Attempt) ownRecord(ctx context.Context) bool {
+	var e idemproxy.Entry
+	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
+		e, err = c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
+		return err
+	})
+	return err == nil && e.State == idemproxy.StateSucceeded && e.CommandID == c.claim.CommandID
+}
+
+// keyFree reports whether the key holds no live lock or record.
+func (c *Attempt) keyFree(ctx context.Context) bool {
+	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) error {
+		_, err := c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
+		return err
+	})
+	return errors.Is(err, idemproxy.ErrNotFound)
+}
+
+// release drops the lock of a command known not to have taken effect.
+func (c *Attempt) release(ctx context.Context) {
+	g, cl := c.idem, c.claim
+	err := g.storeOp(ctx, "release", func(ctx context.Context) error {
+		return g.cfg.Store.Release(ctx, cl.Tenant, cl.Key, cl.Owner)
+	})
+	if errors.Is(err, idemproxy.ErrNotOwner) && c.keyFree(ctx) {
+		return // released: the answer to a resent release was lost
+	}
+	if err != nil {
+		if errors.Is(err, idemproxy.ErrNotOwner) {
+			g.metrics.CountLockLost()
+		}
+		g.log.WarnContext(ctx, "lock not released; it ends with its lease",
+			"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key, "error", err)
+	}
+}
+
+// storeOp runs one store operation, timed, in a context the client's going
+// away does not end: the store bounds its duration.
+func (g *Step) storeOp(ctx context.Context, op string, f func(context.Context) error) error {
+	defer g.observe(op, time.Now())
+	return f(context.WithoutCancel(ctx))
+}
+
+func (g *Step) observe(op string, start time.Time) {
+	g.metrics.ObserveStoreOp(op, time.Since(start))
+}

@@ -1,0 +1,310 @@
+package idempotency
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// Mode says how a request whose key already has a record is answered.
+type Mode string
+
+// The modes (README, "How it behaves").
+const (
+	// ModeNoop answers the original status with an empty body.
+	ModeNoop Mode = "noop"
+	// ModeStrict answers 409 naming the original command.
+	ModeStrict Mode = "strict"
+	// ModeReplay answers the stored upstream response.
+	ModeReplay Mode = "replay"
+)
+
+// Modes lists every mode, in the order the documentation gives them.
+var Modes = []Mode{ModeNoop, ModeStrict, ModeReplay}
+
+// Config is the settings of the idempotency step, the same
+// whether it runs in the sidecar (Config embeds it) or in-process around
+// a handler. Store is required; every other zero value is replaced by the
+// default its comment gives.
+type Config struct {
+	// Store keeps the locks and records.
+	Store idemproxy.Store
+	// Mode is noop when empty.
+	Mode Mode
+	// KeyTTL is how long a record replays; zero means 24h.
+	KeyTTL time.Duration
+	// LockTimeout is the lease of an in-flight lock; zero means 60s. It
+	// must exceed UpstreamTimeout plus StoreTimeout: a command must be
+	// able to record itself within its lease.
+	LockTimeout time.Duration
+	// UpstreamTimeout bounds a keyed command: the upstream call in the
+	// sidecar (and its wait for response headers of any request), the
+	// wrapped handler's context in-process. Zero means 30s.
+	UpstreamTimeout time.Duration
+	// StoreTimeout is the longest one store operation takes; the store
+	// bounds its own operations, this only tells the step how long that
+	// is, for the lease check and DrainBudget. Zero means 5s.
+	StoreTimeout time.Duration
+	// RecordRetries are the waits before each further attempt to write
+	// the record of a command that succeeded, after the first attempt
+	// failed. Nil means 50ms, 200ms, 500ms.
+	RecordRetries []time.Duration
+	// SuccessStatus lists the statuses that make a record; the lock of
+	// any other answer is released. Empty means 2xx.
+	SuccessStatus StatusSet
+	// RequireKey lists non-safe methods (any letter case) that must carry
+	// a key.
+	RequireKey []string
+	// MaxBodyBytes is the largest keyed request body; zero means 10 MiB.
+	MaxBodyBytes int64
+	// BodyTimeout bounds the time a keyed request body takes to arrive
+	// (408 past it); zero means 30s. Unkeyed bodies are not read.
+	BodyTimeout time.Duration
+	// MaxBufferedBytes bounds the bytes of keyed request bodies buffered
+	// at once over all requests (503 when full); zero means 256 MiB. It
+	// must be at least MaxBodyBytes.
+	MaxBufferedBytes int64
+	// ReplayMaxBytes caps the response body kept in replay mode; zero
+	// means 1 MiB. A larger response is recorded without its body and
+	// replays like mode noop.
+	ReplayMaxBytes int64
+	// Metrics receives the step's measurements; nil discards them.
+	Metrics Metrics
+	// Setting spells a setting's name in the details of the problems the
+	// step answers, given its Go name (Struct.Field, as an
+	// *idemproxy.ConfigError names it: "idempotency.Config.MaxBodyBytes",
+	// "memory.Options.MaxEntries"). The sidecar gives the environment
+	// variable that sets it. Nil spells the Go name.
+	Setting func(goName string) string
+	// Logger nil discards logs.
+	Logger *slog.Logger
+}
+
+// defaultRecordRetries are RecordRetries' default.
+var defaultRecordRetries = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
+
+// withDefaults returns c with every zero value replaced by its default.
+func (c Config) withDefaults() Config {
+	if c.Mode == "" {
+		c.Mode = ModeNoop
+	}
+	defaultTo(&c.KeyTTL, 24*time.Hour)
+	defaultTo(&c.LockTimeout, 60*time.Second)
+	defaultTo(&c.UpstreamTimeout, 30*time.Second)
+	defaultTo(&c.StoreTimeout, 5*time.Second)
+	defaultTo(&c.BodyTimeout, 30*time.Second)
+	defaultTo(&c.MaxBodyBytes, 10<<20)
+	defaultTo(&c.MaxBufferedBytes, 256<<20)
+	defaultTo(&c.ReplayMaxBytes, 1<<20)
+	if c.RecordRetries == nil {
+		c.RecordRetries = defaultRecordRetries
+	}
+	if c.SuccessStatus.empty() {
+		c.SuccessStatus = successDefault
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
+	}
+	if c.Setting == nil {
+		c.Setting = func(goName string) string { return goName }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+var successDefault, _ = ParseStatusSet("2xx")
+
+func defaultTo[T time.Duration | int64](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+// Validate reports every setting of c (with defaults applied) that
+// New refuses, as *idemproxy.ConfigError values joined in one
+// error. It does not look at Store, which New requires.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	errs := idemproxy.ConfigErrors{Struct: "idempotency.Config"}
+	if !isMode(c.Mode) {
+		errs.Add("Mode", "must be noop, strict or replay, got %q", c.Mode)
+	}
+	for field, d := range map[string]time.Duration{
+		"KeyTTL": c.KeyTTL, "LockTimeout": c.LockTimeout, "UpstreamTimeout": c.UpstreamTimeout,
+		"StoreTimeout": c.StoreTimeout, "BodyTimeout": c.BodyTimeout,
+	} {
+		if d < 0 {
+			errs.Add(field, "must be a positive duration, got %s", d)
+		}
+	}
+	if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
+		errs.Add("LockTimeout", "must exceed {UpstreamTimeout} + {StoreTimeout} (%s <= %s): a command must be able to record itself within its lease",
+			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
+	}
+	for _, d := range c.RecordRetries {
+		if d < 0 {
+			errs.Add("RecordRetries", "must not hold a negative wait, got %s", d)
+		}
+	}
+	for _, m := range c.RequireKey {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" && (safeMethods[m] || !isToken(m)) {
+			errs.Add("RequireKey", "must list non-safe methods such as POST, PUT, PATCH or DELETE, got %q", m)
+		}
+	}
+	for field, n := range map[string]int64{"MaxBodyBytes": c.MaxBodyBytes, "MaxBufferedBytes": c.MaxBufferedBytes, "ReplayMaxBytes": c.ReplayMaxBytes} {
+		if n < 0 {
+			errs.Add(field, "must be positive, got %d", n)
+		}
+	}
+	if c.MaxBufferedBytes < c.MaxBodyBytes {
+		errs.Add("MaxBufferedBytes", "must be at least {MaxBodyBytes} (%d < %d): one largest body must fit", c.MaxBufferedBytes, c.MaxBodyBytes)
+	}
+	return errs.Err()
+}
+
+func isMode(m Mode) bool {
+	for _, known := range Modes {
+		if m == known {
+			return true
+		}
+	}
+	return false
+}
+
+// DrainBudget is the longest a request can take once its headers are read:
+// the body timeout, the upstream timeout, and its store operations — the
+// claim, every record-write attempt and the one lookup that checks a
+// completion whose answer was lost, each up to StoreTimeout — with the
+// waits between the attempts. A graceful shutdown must give in-flight
+// commands that long to finish and record.
+func (c Config) DrainBudget() time.Duration {
+	c = c.withDefaults()
+	storeCalls := 1 + (1 + len(c.RecordRetries)) + 1
+	d := c.BodyTimeout + c.UpstreamTimeout + time.Duration(storeCalls)*c.StoreTimeout
+	for _, wait := range c.RecordRetries {
+		d += wait
+	}
+	return d
+}
+
+// Idempotency is the idempotency step: it applies the README's "How it
+// behaves" to every checked request — a keyed request with a non-safe
+// method, or one whose method must carry a key — and lets every other
+// request pass untouched. The lifecycle of a checked request is in
+// command.go; the sidecar mounts the step in front of its reverse proxy
+// (New), and Middleware mounts it around a handler of a Go service.
+type Step struct {
+	cfg      Config
+	require  map[string]bool
+	buffered *bodyBudget
+	metrics  Metrics
+	log      *slog.Logger
+}
+
+// New validates cfg and returns the step.
+func New(cfg Config) (*Step, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Store == nil {
+		return nil, &idemproxy.ConfigError{Struct: "idempotency.Config", Field: "Store", Reason: "is required"}
+	}
+	cfg = cfg.withDefaults()
+	g := &Step{
+		cfg:      cfg,
+		require:  map[string]bool{},
+		buffered: &bodyBudget{max: cfg.MaxBufferedBytes, metrics: cfg.Metrics},
+		metrics:  cfg.Metrics,
+		log:      cfg.Logger,
+	}
+	for _, m := range cfg.RequireKey {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
+			g.require[m] = true
+		}
+	}
+	return g, nil
+}
+
+var safeMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodOptions: true, http.MethodTrace: true,
+}
+
+// Checked reports whether r is subject to tenancy and idempotency: a
+// non-safe method carrying an Idempotency-Key header, or a method that
+// must carry one. Method names are matched whatever their letter case.
+// Give it to the tenancy middleware (tenancy.MiddlewareOptions.Applies)
+// so that no tenant is needed, and no token checked, for other requests.
+func (g *Step) Checked(r *http.Request) bool {
+	m := r.Method
+	if !isUpper(m) {
+		m = strings.ToUpper(m)
+	}
+	if safeMethods[m] {
+		return false
+	}
+	_, keyed := r.Header["Idempotency-Key"]
+	return keyed || g.require[m]
+}
+
+func isUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// isToken reports whether s is an HTTP method name: an RFC 9110 token.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// replayHeaders are the response headers a record keeps in mode replay.
+// Set-Cookie is never kept: a replay must not hand out another session.
+var replayHeaders = []string{
+	"Content-Type", "Content-Language", "Content-Encoding", "Content-Location",
+	"Location", "Etag", "Last-Modified", "Cache-Control", "Link",
+}
+
+// replayHeader is a copy of the replayHeaders of h.
+func replayHeader(h http.Header) http.Header {
+	kept := http.Header{}
+	for _, name := range replayHeaders {
+		if v := h.Values(name); len(v) > 0 {
+			kept[name] = append([]string(nil), v...)
+		}
+	}
+	return kept
+}
+
+// reject answers a checked request refused before anything was claimed:
+// 503 when the body buffers are full (the client is not at fault), the
+// request's 4xx otherwise.
+func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) {
+	ri.Outcome = OutcomeRejected
+	if prob.Type == idemproxy.ProblemBufferedFull {
+		ri.Outcome = OutcomeOverloaded
+	}
+	idemproxy.WriteProblem(w, prob)
+}
+
+// retryAfter is a lease's remaining time in whole seconds, rounded down so
+// it never exceeds the lease, and at least 1.
+func retryAfter(remaining time.Duration) int {
+	return max(int(remaining/time.Second), 1)
+}
+
+// Config returns the step's settings, with every default applied.
+func (g *Step) Config() Config { return g.cfg }

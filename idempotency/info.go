@@ -1,0 +1,88 @@
+package idempotency
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// The outcomes of a request, Info.Outcome: the values of the sidecar's
+// idemproxy_requests_total{outcome} (docs/operations.md, "Metrics").
+const (
+	OutcomePassthrough         = "passthrough"
+	OutcomeForwarded           = "forwarded"
+	OutcomeReplayed            = "replayed"
+	OutcomeConflictReplay      = "conflict_replay"
+	OutcomeInProgress          = "in_progress"
+	OutcomeFingerprintMismatch = "fingerprint_mismatch"
+	OutcomeRejected            = "rejected"
+	OutcomeStoreUnavailable    = "store_unavailable"
+	OutcomeUpstreamError       = "upstream_error"
+	// OutcomeOverloaded: a keyed body found the buffers full (503).
+	OutcomeOverloaded = "overloaded"
+)
+
+// Outcomes lists every outcome, in the order the documentation gives them.
+var Outcomes = []string{
+	OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay, OutcomeInProgress,
+	OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError, OutcomeOverloaded,
+}
+
+// Info is what the step learned about one request, for an access log: a
+// program that wants it puts one in the request's context with WithInfo
+// before the step runs and reads it once the request is done. The step
+// fills in what it learns; it never reads Outcome back.
+type Info struct {
+	// RequestID names the request in the step's log lines; empty means
+	// none.
+	RequestID string
+	// Outcome is what became of the request; the step sets it for every
+	// request it checks.
+	Outcome string
+	// Tenant, Key and CommandID are set once known.
+	Tenant    uuid.UUID
+	Key       string
+	CommandID string
+}
+
+type infoKey struct{}
+
+// WithInfo returns ctx carrying info, which the step fills in.
+func WithInfo(ctx context.Context, info *Info) context.Context {
+	return context.WithValue(ctx, infoKey{}, info)
+}
+
+// InfoFrom returns the Info ctx carries, or a new one that nobody reads.
+func InfoFrom(ctx context.Context) *Info {
+	if info, ok := ctx.Value(infoKey{}).(*Info); ok {
+		return info
+	}
+	return &Info{}
+}
+
+// Metrics receives the step's measurements. The sidecar wires them to
+// Prometheus (proxy.NewMetrics); Config.Metrics nil discards them.
+type Metrics interface {
+	// ObserveStoreOp observes one store operation ("claim", "complete",
+	// "release", "lookup") and how long it took.
+	ObserveStoreOp(op string, d time.Duration)
+	// CountRecordWriteFailure counts a command that succeeded but whose
+	// record could not be written: its key stays locked until the lease
+	// ends.
+	CountRecordWriteFailure()
+	// CountLockLost counts a completion or release refused because the
+	// lock had been claimed again or deleted.
+	CountLockLost()
+	// AddBuffered adds delta (negative to give back) to the bytes of
+	// keyed request bodies buffered now.
+	AddBuffered(delta int64)
+}
+
+// noMetrics discards every measurement.
+type noMetrics struct{}
+
+func (noMetrics) ObserveStoreOp(string, time.Duration) {}
+func (noMetrics) CountRecordWriteFailure()             {}
+func (noMetrics) CountLockLost()                       {}
+func (noMetrics) AddBuffered(int64)                    {}

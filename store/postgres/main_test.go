@@ -1,0 +1,39 @@
+package postgres
+
+import (
+	"testing"
+
+	"github.com/google/uuid"
+	"go.uber.org/goleak"
+
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// newTestPostgres opens a store that is closed when the test ends.
+func newTestPostgres(t testing.TB, opts Options) *Store {
+	t.Helper()
+	p, err := New(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// ageRow makes (tenant, key) at dbURL look old: a lock's lease ended a
+// second ago, a record expired a second ago. With purgeable, a lock is
+// also past its grace, so Purge deletes either.
+func ageRow(t testing.TB, dbURL string, tenant uuid.UUID, key string, purgeable bool) {
+	t.Helper()
+	sql := `UPDATE idempotency_keys SET
+		lease_expires_at = CASE WHEN state = 'in_flight' THEN now() - interval '1 second' END,
+		expires_at = CASE WHEN state = 'in_flight' AND NOT $3 THEN expires_at ELSE now() - interval '1 second' END
+	WHERE tenant_id = $1 AND key = $2`
+	if n := pgtest.Exec(t, dbURL, sql, tenant, key, purgeable); n != 1 {
+		t.Fatalf("age (%s, %q): %d rows updated, want 1", tenant, key, n)
+	}
+}

@@ -1,0 +1,394 @@
+// Package postgres is the idempotency store for any number of replicas
+// sharing one PostgreSQL database (pgx v5): every lock and record is a
+// row of the idempotency_keys table, every expiry is judged by the
+// database's clock, concurrent operations share statements (group
+// commit), and expired rows are purged in batches. The schema is applied
+// by package migrations. No pgx type leaves the package: failures come
+// back as the idemproxy sentinels (ErrUnavailable,
+// *idemproxy.MisconfiguredError).
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
+)
+
+// Options configures New. URL is required; every other zero
+// value is replaced by the default its comment gives.
+type Options struct {
+	// URL is a libpq connection URL or key=value string. Unknown
+	// parameters in it, such as search_path, are sent to the server as
+	// run-time parameters. With default_query_exec_mode=exec (or
+	// simple_protocol) in it, as a transaction-mode pooler such as
+	// PgBouncer needs, the store sends no run-time parameter of its own
+	// and keeps no session state; see StatementTimeout.
+	URL string
+	// MaxConns bounds the connection pool. Zero means 20.
+	MaxConns int32
+	// StatementTimeout is set as the server's statement_timeout on every
+	// connection, sent when it is opened. Zero means two seconds. A URL
+	// whose default_query_exec_mode is not the default (cache_statement)
+	// may lead through a transaction-mode pooler, which refuses that
+	// parameter at connect (PgBouncer: "unsupported startup parameter")
+	// and would keep a SET on its server connection for other clients:
+	// then it is not sent. The server-side bound is then the role's own
+	// (ALTER ROLE … SET statement_timeout; CheckStatementTimeout tells
+	// whether there is one), and the client's OpTimeout, at which pgx
+	// gives the connection up (sending a cancel request as it closes it).
+	// The store asks for no cancel request of its own at a timeout:
+	// PgBouncer 1.18 can crash on one whose client hangs up early
+	// (pgbouncer/pgbouncer#801).
+	StatementTimeout time.Duration
+	// OpTimeout bounds each operation on the client side, including the
+	// wait for a pooled connection and a database that does not answer at
+	// all (IDEMPROXY_STORE_TIMEOUT). Zero means StatementTimeout plus half
+	// of it again.
+	OpTimeout time.Duration
+	// LockGrace is how long a lock whose lease ended is kept before Purge
+	// deletes it. Such a lock counts as absent for Claim and Lookup at
+	// once; it is kept so that a late Complete from its owner still
+	// lands if no one has claimed the key since. Zero means one hour.
+	LockGrace time.Duration
+	// Logger receives the purge loop's errors; nil discards them.
+	Logger *slog.Logger
+
+	// Unbatched sends every Claim, Complete and Release as a statement of
+	// its own the moment it is called, as before group commit; for
+	// benchmarks and debugging. By default (false) they are batched, as
+	// MaxBatch and BatchesInFlight say.
+	Unbatched bool
+	// MaxBatch bounds how many operations one batched statement carries.
+	// Zero means 64.
+	MaxBatch int
+	// BatchesInFlight bounds how many statements of one kind (claim,
+	// complete or release) run at once for one tenant; every batched
+	// statement carries operations of one tenant only. An operation that
+	// finds fewer of its tenant's running is sent at once, alone; one that
+	// finds them all running waits and goes with everything else of its
+	// tenant that queued meanwhile in the tenant's next statement of its
+	// kind. Different tenants' statements run side by side, bounded only
+	// by MaxConns. Zero means 2.
+	BatchesInFlight int
+	// ObserveBatch, when not nil, is called for every batched statement
+	// with its kind ("claim", "complete" or "release") and how many
+	// operations it carries (idemproxy_store_batch_size).
+	ObserveBatch func(op string, size int)
+	// ObserveQueue, when not nil, is called for every batched operation
+	// with its kind and how long it waited between the call and its
+	// statement being sent (idemproxy_store_queue_seconds).
+	ObserveQueue func(op string, wait time.Duration)
+}
+
+// Postgres is the store for any number of replicas: every lock and record
+// is a row of the idempotency_keys table, and every expiry is judged by
+// the database's clock. Each request-path operation is one statement and
+// one round trip, shared with the concurrent operations of its kind
+// (group commit, see Options.BatchesInFlight). It is safe for
+// concurrent use; the schema must have been applied with migrations.Migrate.
+type Store struct {
+	pool      *pgxpool.Pool
+	opTimeout time.Duration
+	graceUS   int64
+	log       *slog.Logger
+	// sendsTimeout is whether connections are opened with
+	// statement_timeout (the default query exec mode).
+	sendsTimeout bool
+	// batches is nil when unbatched.
+	batches *pgBatchers
+}
+
+// New returns a store backed by a pool of connections to opts.URL.
+// It does not connect: connections are opened when first needed, so a
+// database that is down at start makes operations fail with
+// idemproxy.ErrUnavailable until it comes back, and New fails only
+// on a bad URL or option. Call Close to release the pool.
+func New(_ context.Context, opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxConns == 0 {
+		opts.MaxConns = 20
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = 64
+	}
+	if opts.BatchesInFlight == 0 {
+		opts.BatchesInFlight = 2
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = 2 * time.Second
+	}
+	if opts.LockGrace <= 0 {
+		opts.LockGrace = time.Hour
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := pgxpool.ParseConfig(opts.URL)
+	if err != nil {
+		return nil, fmt.Errorf("store: postgres: %w", pgerr.URLError(opts.URL, err))
+	}
+	cfg.MaxConns = opts.MaxConns
+	cfg.MinConns = 0
+	params := cfg.ConnConfig.RuntimeParams
+	sendsTimeout := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	if sendsTimeout {
+		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+	}
+	if params["application_name"] == "" {
+		params["application_name"] = "idemproxy"
+	}
+	opTimeout := opts.OpTimeout
+	if opTimeout <= 0 {
+		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = opTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: postgres pool: %v", err)
+	}
+	p := &Store{
+		pool:         pool,
+		opTimeout:    opTimeout,
+		graceUS:      opts.LockGrace.Microseconds(),
+		log:          opts.Logger,
+		sendsTimeout: sendsTimeout,
+	}
+	if !opts.Unbatched {
+		p.batches = newBatchers(p, opts)
+	}
+	return p, nil
+}
+
+// Close closes every connection of the pool, waiting for operations in
+// progress to return their connection. The store is unusable afterwards.
+func (p *Store) Close() {
+	p.pool.Close()
+}
+
+// claimAttempts bounds how often Claim reruns its statement when a
+// concurrent commit hid the conflicting row from it.
+const claimAttempts = 10
+
+var errClaimOutOfSight = fmt.Errorf("%w: postgres claim: the conflicting row stayed out of sight after %d attempts",
+	idemproxy.ErrUnavailable, claimAttempts)
+
+// Claim locks (tenant, key) unless a live lock or record is there, in which
+// case it reports that entry. A lock whose lease ended or a record past its
+// expiry is taken over, judged by the database's clock.
+func (p *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	if p.batches != nil {
+		return p.batches.claims.do(ctx, p.opTimeout, c.Tenant, c)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	return p.claimOne(ctx, c)
+}
+
+// claimOne runs ClaimSQL until it shows the row.
+func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	for range claimAttempts {
+		res, shown, err := p.claimOnce(ctx, &c)
+		if err != nil {
+			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
+		}
+		if shown {
+			return res, nil
+		}
+	}
+	return idemproxy.ClaimResult{}, errClaimOutOfSight
+}
+
+// claimOnce runs ClaimSQL once. shown is false when the statement's
+// snapshot hid the conflicting row; the driver's error is returned as is.
+func (p *Store) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+	var claimed bool
+	e, err := scanEntry(p.pool.QueryRow(ctx, ClaimSQL, claimParams(c, p.graceUS)...), &claimed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	e.Tenant, e.Key = c.Tenant, c.Key
+	return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, true, nil
+}
+
+// claimParams are ClaimSQL's parameters.
+func claimParams(c *idemproxy.Claim, graceUS int64) []any {
+	return []any{pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
+		c.Lease.Microseconds(), graceUS}
+}
+
+// Complete turns the caller's lock into a record that replays for c.TTL
+// from now, by the database's clock. It fails with idemproxy.ErrNotOwner
+// if the lock is gone, already completed or held by another owner. A lock
+// whose lease ended but that no one claimed since is still completed.
+func (p *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
+	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
+	if r := c.Response; r != nil {
+		if r.Header != nil {
+			h, err := json.Marshal(r.Header)
+			if err != nil {
+				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
+			}
+			a.header = h
+		}
+		a.body, a.truncated = r.Body, &r.Truncated
+	}
+	if p.batches != nil {
+		_, err := p.batches.completes.do(ctx, p.opTimeout, a.tenant, a)
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	return p.completeOne(ctx, a)
+}
+
+// completeParams are CompleteSQL's parameters.
+func completeParams(a *completeArgs) []any {
+	var header any
+	if a.header != nil {
+		// As json.RawMessage, not []byte: in the exec query mode pgx
+		// picks the parameter's type from the Go type, and []byte would
+		// go as bytea text (\x…), which jsonb refuses (SQLSTATE 22P02).
+		header = json.RawMessage(a.header)
+	}
+	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
+}
+
+func (p *Store) completeOne(ctx context.Context, a completeArgs) error {
+	tag, err := p.pool.Exec(ctx, CompleteSQL, completeParams(&a)...)
+	if err != nil {
+		return pgerr.Failure("complete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Release drops the caller's lock. It fails with idemproxy.ErrNotOwner if
+// the lock is gone, completed or held by another owner.
+func (p *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	a := releaseArgs{tenant: tenant, owner: owner, key: key}
+	if p.batches != nil {
+		_, err := p.batches.releases.do(ctx, p.opTimeout, a.tenant, a)
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	return p.releaseOne(ctx, a)
+}
+
+func (p *Store) releaseOne(ctx context.Context, a releaseArgs) error {
+	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
+	if err != nil {
+		return pgerr.Failure("release", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Lookup returns the live lock or record for (tenant, key), or
+// idemproxy.ErrNotFound.
+func (p *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idemproxy.Entry{}, idemproxy.ErrNotFound
+	}
+	if err != nil {
+		return idemproxy.Entry{}, pgerr.Failure("lookup", err)
+	}
+	e.Tenant, e.Key = tenant, key
+	return e, nil
+}
+
+// Delete removes the lock or record for (tenant, key), live or ended but
+// not yet purged, or reports idemproxy.ErrNotFound.
+func (p *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	tag, err := p.pool.Exec(ctx, deleteSQL, pgUUID(tenant), key)
+	if err != nil {
+		return pgerr.Failure("delete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotFound
+	}
+	return nil
+}
+
+// pgUUID passes a UUID to pgx in its native form; a uuid.UUID would go
+// through driver.Valuer and a text round trip on every statement.
+func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
+
+// scanEntry reads entryColumns, preceded by the columns scanned into
+// before (a claim's flag, a batch's ordinality). Tenant and Key are left
+// for the caller.
+func scanEntry(row pgx.Row, before ...any) (idemproxy.Entry, error) {
+	var (
+		e           idemproxy.Entry
+		state       string
+		fingerprint []byte
+		remainingUS int64
+		status      int32
+		header      []byte
+		body        []byte
+		truncated   *bool
+		commandID   pgtype.UUID
+	)
+	dest := append(before, &state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
+		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated)
+	if err := row.Scan(dest...); err != nil {
+		return e, err
+	}
+	e.CommandID = commandID.Bytes
+	switch state {
+	case "in_flight":
+		e.State = idemproxy.StateInFlight
+	case "succeeded":
+		e.State = idemproxy.StateSucceeded
+	default:
+		return e, fmt.Errorf("unknown state %q", state)
+	}
+	if len(fingerprint) != len(e.Fingerprint) {
+		return e, fmt.Errorf("fingerprint of %d bytes, want %d", len(fingerprint), len(e.Fingerprint))
+	}
+	copy(e.Fingerprint[:], fingerprint)
+	e.Remaining = time.Duration(remainingUS) * time.Microsecond
+	e.Status = int(status)
+	if truncated != nil {
+		e.Response = &idemproxy.Response{Body: body, Truncated: *truncated}
+		if header != nil {
+			if err := json.Unmarshal(header, &e.Response.Header); err != nil {
+				return e, fmt.Errorf("decode response header: %w", err)
+			}
+		}
+	}
+	return e, nil
+}
+
+// Capabilities reports a store shared by every replica over the network.
+func (p *Store) Capabilities() idemproxy.Capabilities {
+	return idemproxy.Capabilities{Shared: true}
+}

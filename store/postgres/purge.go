@@ -1,0 +1,64 @@
+package postgres
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/pgerr"
+)
+
+// Purge deletes at most batch rows past their expires_at: records that no
+// longer replay, and locks whose lease ended more than LockGrace ago. It
+// returns how many rows it deleted. Many replicas may purge at once: each
+// skips the rows another holds. A batch of zero or less means 1000.
+func (p *Store) Purge(ctx context.Context, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = 1000
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	tag, err := p.pool.Exec(ctx, purgeSQL, batch)
+	if err != nil {
+		return 0, pgerr.Failure("purge", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// RunPurge purges every interval until ctx ends. Each round deletes
+// batches of at most batch rows until one comes back short, and reports
+// every non-empty batch to onPurged (nil means no report), which is where
+// a caller counts idemproxy_purged_rows_total. Errors are logged and the
+// next round tries again. RunPurge returns at once if interval is not
+// positive.
+func (p *Store) RunPurge(ctx context.Context, interval time.Duration, batch int, onPurged func(n int64)) {
+	if interval <= 0 {
+		return
+	}
+	if batch <= 0 {
+		batch = 1000
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for ctx.Err() == nil {
+			n, err := p.Purge(ctx, batch)
+			if err != nil {
+				if ctx.Err() == nil {
+					p.log.WarnContext(ctx, "purge of expired idempotency keys failed; retrying next round", "error", err)
+				}
+				break
+			}
+			if n > 0 && onPurged != nil {
+				onPurged(n)
+			}
+			if n < int64(batch) {
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,209 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy"
+)
+
+// Claim locks (tenant, key) unless a live lock or record is there, in which
+// case it reports that entry. A lock whose lease ended or a record past its
+// expiry is taken over, judged by Redis's clock.
+func (r *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	key := r.key(c.Tenant, c.Key)
+	v, err := r.run(ctx, claimScript, key, true,
+		c.Owner[:], c.CommandID[:], c.CommandType, c.Fingerprint[:], c.Lease.Microseconds(), r.graceUS)
+	if short := (*waitShortfall)(nil); errors.As(err, &short) {
+		if reply, ok := v.([]any); ok && len(reply) > 0 && reply[0] == int64(1) {
+			// Locked on the primary only: the claim fails and nothing is
+			// forwarded, so drop the lock instead of leaving the key
+			// locked, and a retry refused, until the lease ends.
+			_, _ = r.run(ctx, releaseScript, key, false, c.Owner[:])
+		}
+	}
+	if err != nil {
+		return idemproxy.ClaimResult{}, failure("claim", err)
+	}
+	reply, ok := v.([]any)
+	if !ok || len(reply) < 2 {
+		return idemproxy.ClaimResult{}, malformed("claim", v)
+	}
+	if claimed, _ := reply[0].(int64); claimed == 1 {
+		now, _ := reply[1].(int64)
+		created := time.UnixMicro(now)
+		return idemproxy.ClaimResult{Claimed: true, Entry: idemproxy.Entry{
+			Tenant:      c.Tenant,
+			Key:         c.Key,
+			State:       idemproxy.StateInFlight,
+			CommandID:   c.CommandID,
+			CommandType: c.CommandType,
+			Fingerprint: c.Fingerprint,
+			CreatedAt:   created,
+			ExpiresAt:   created.Add(c.Lease.Truncate(time.Microsecond)),
+			Remaining:   c.Lease.Truncate(time.Microsecond),
+		}}, nil
+	}
+	e, err := parseEntry(reply[1:])
+	if err != nil {
+		return idemproxy.ClaimResult{}, fmt.Errorf("%w: redis claim: %v", idemproxy.ErrUnavailable, err)
+	}
+	e.Tenant, e.Key = c.Tenant, c.Key
+	return idemproxy.ClaimResult{Entry: e}, nil
+}
+
+// Complete turns the caller's lock into a record that replays for c.TTL
+// from now, by Redis's clock. It fails with idemproxy.ErrNotOwner if the
+// lock is gone, already completed or held by another owner. A lock whose
+// lease ended but that no one claimed since is still completed, for
+// LockGrace after its lease.
+func (r *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
+	var (
+		responded, truncated, hasHeader, hasBody string
+		header, body                             []byte
+	)
+	if resp := c.Response; resp != nil {
+		responded, truncated = "1", "0"
+		if resp.Truncated {
+			truncated = "1"
+		}
+		if resp.Header != nil {
+			h, err := json.Marshal(resp.Header)
+			if err != nil {
+				return fmt.Errorf("store: redis complete: encode response header: %w", err)
+			}
+			hasHeader, header = "1", h
+		}
+		if resp.Body != nil {
+			hasBody, body = "1", resp.Body
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	v, err := r.run(ctx, completeScript, r.key(c.Tenant, c.Key), true,
+		c.Owner[:], c.Status, max(c.TTL.Microseconds(), 1), responded, truncated, hasHeader, header, hasBody, body)
+	if err != nil {
+		return failure("complete", err)
+	}
+	if n, _ := v.(int64); n != 1 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Release drops the caller's lock. It fails with idemproxy.ErrNotOwner if
+// the lock is gone, completed or held by another owner.
+func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	v, err := r.run(ctx, releaseScript, r.key(tenant, key), false, owner[:])
+	if err != nil {
+		return failure("release", err)
+	}
+	if n, _ := v.(int64); n != 1 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Lookup returns the live lock or record for (tenant, key), or
+// idemproxy.ErrNotFound.
+func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	v, err := r.run(ctx, lookupScript, r.key(tenant, key), false)
+	if errors.Is(err, goredis.Nil) {
+		return idemproxy.Entry{}, idemproxy.ErrNotFound
+	}
+	if err != nil {
+		return idemproxy.Entry{}, failure("lookup", err)
+	}
+	reply, ok := v.([]any)
+	if !ok {
+		return idemproxy.Entry{}, malformed("lookup", v)
+	}
+	e, err := parseEntry(reply)
+	if err != nil {
+		return idemproxy.Entry{}, fmt.Errorf("%w: redis lookup: %v", idemproxy.ErrUnavailable, err)
+	}
+	e.Tenant, e.Key = tenant, key
+	return e, nil
+}
+
+// Delete removes the lock or record for (tenant, key), live or ended but
+// not yet expired by Redis, or reports idemproxy.ErrNotFound.
+func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	n, err := r.c.Del(ctx, r.key(tenant, key)).Result()
+	if err != nil {
+		return failure("delete", err)
+	}
+	if n == 0 {
+		return idemproxy.ErrNotFound
+	}
+	return nil
+}
+
+// parseEntry reads a script's entry reply: now, state, command id, command
+// type, fingerprint, created, ends, status, header, body, truncated (all
+// times in microseconds). Tenant and Key are left for the caller.
+func parseEntry(v []any) (idemproxy.Entry, error) {
+	var e idemproxy.Entry
+	if len(v) != 11 {
+		return e, fmt.Errorf("entry of %d fields, want 11", len(v))
+	}
+	str := func(i int) string { s, _ := v[i].(string); return s }
+	now, _ := v[0].(int64)
+	switch str(1) {
+	case "l":
+		e.State = idemproxy.StateInFlight
+	case "r":
+		e.State = idemproxy.StateSucceeded
+	default:
+		return e, fmt.Errorf("unknown state %q", str(1))
+	}
+	id, fp := str(2), str(4)
+	if len(id) != len(e.CommandID) || len(fp) != len(e.Fingerprint) {
+		return e, fmt.Errorf("command id of %d bytes and fingerprint of %d, want %d and %d", len(id), len(fp), len(e.CommandID), len(e.Fingerprint))
+	}
+	copy(e.CommandID[:], id)
+	copy(e.Fingerprint[:], fp)
+	e.CommandType = str(3)
+	created, err1 := strconv.ParseInt(str(5), 10, 64)
+	ends, err2 := strconv.ParseInt(str(6), 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return e, fmt.Errorf("times: %w", err)
+	}
+	e.CreatedAt, e.ExpiresAt = time.UnixMicro(created), time.UnixMicro(ends)
+	e.Remaining = time.Duration(ends-now) * time.Microsecond
+	if s := str(7); s != "" {
+		status, err := strconv.Atoi(s)
+		if err != nil {
+			return e, fmt.Errorf("status: %w", err)
+		}
+		e.Status = status
+	}
+	if v[10] != nil {
+		e.Response = &idemproxy.Response{Truncated: str(10) == "1"}
+		if v[9] != nil {
+			e.Response.Body = []byte(str(9))
+		}
+		if v[8] != nil {
+			if err := json.Unmarshal([]byte(str(8)), &e.Response.Header); err != nil {
+				return e, fmt.Errorf("decode response header: %w", err)
+			}
+		}
+	}
+	return e, nil
+}
