@@ -21,7 +21,7 @@ type ProblemType struct {
 // URI returns the RFC 9457 "type" member.
 func (t ProblemType) URI() string { return ProblemBase + t.Slug }
 
-// The problem types. Their slugs are public interface (README, "Problem types").
+// The problem types. Their slugs are public interface (docs/behaviour.md, "Problem types").
 var (
 	ProblemInvalidKey        = ProblemType{"invalid-key", "Invalid Idempotency-Key header", http.StatusBadRequest}
 	ProblemKeyRequired       = ProblemType{"key-required", "Idempotency-Key header required", http.StatusBadRequest}

@@ -12,7 +12,7 @@ import (
 // Mode says how a request whose key already has a record is answered.
 type Mode string
 
-// The modes (README, "How it behaves").
+// The modes (docs/behaviour.md).
 const (
 	// ModeNoop answers the original status with an empty body.
 	ModeNoop Mode = "noop"
@@ -192,12 +192,12 @@ func (c Config) DrainBudget() time.Duration {
 	return d
 }
 
-// Idempotency is the idempotency step: it applies the README's "How it
-// behaves" to every checked request — a keyed request with a non-safe
-// method, or one whose method must carry a key — and lets every other
-// request pass untouched. The lifecycle of a checked request is in
-// command.go; the sidecar mounts the step in front of its reverse proxy
-// (New), and Middleware mounts it around a handler of a Go service.
+// Step is the idempotency step: it applies docs/behaviour.md to every
+// checked request — a keyed request with a non-safe method, or one whose
+// method must carry a key — and lets every other request pass untouched.
+// The lifecycle of a checked request is in command.go; the sidecar
+// mounts the step in front of its reverse proxy (Begin), and Middleware
+// mounts it around a handler of a Go service.
 type Step struct {
 	cfg      Config
 	require  map[string]bool

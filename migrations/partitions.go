@@ -26,7 +26,7 @@ const MaxPartitions = 1024
 // idempotency_keys_p<n-1> (IDEMPROXY_DB_PARTITIONS). Zero, the default,
 // creates a plain table. It applies only when the table is created: an
 // existing table is never changed (Migrate says so in its output when n is
-// set and the table exists unpartitioned); README "Scaling" shows how to
+// set and the table exists unpartitioned); docs/stores.md ("Partitioned by tenant") shows how to
 // move an existing table over by hand.
 func Partitions(n int) Option { return func(o *options) { o.partitions = n } }
 

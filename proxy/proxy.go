@@ -63,9 +63,9 @@ type Proxy struct {
 	handler       http.Handler
 }
 
-// New validates cfg and returns the proxy handler: the chain of the
-// README's "How it behaves", as chi middleware in front of the reverse
-// proxy to the upstream.
+// New validates cfg and returns the proxy handler: the chain of
+// docs/behaviour.md, as chi middleware in front of the reverse proxy to
+// the upstream.
 func New(cfg Config) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -22,8 +22,8 @@ func TestBenchRedis(t *testing.T) {
 	}
 	checkReport(t, rep, opts)
 	for _, name := range []string{
-		"keyed unique keys, Redis store vs bare (issue 15)",
-		"replay storm, Redis store vs bare unkeyed (issue 15)",
+		"keyed unique keys, Redis store vs bare",
+		"replay storm, Redis store vs bare unkeyed",
 	} {
 		if !hasCheck(rep, name) {
 			t.Errorf("target %q not evaluated", name)

@@ -58,7 +58,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // newBareProxy is the baseline: what a careful user writes with the
 // standard library alone — Rewrite with SetURL and SetXForwarded (the
-// forwarding work idemproxy does too (README, "Performance")) over the same tuned
+// forwarding work idemproxy does too (docs/performance.md)) over the same tuned
 // transport as idemproxy.
 func newBareProxy(upstreamURL *url.URL) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{

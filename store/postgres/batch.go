@@ -24,9 +24,8 @@ import (
 // implicit transaction shares the round trip and the commit too, but each
 // statement still pays its own executor start-up: measured at 32 and 128
 // concurrent callers it cost the database 1.7–2.7× the CPU per command of
-// one statement over arrays, for 0.5–0.7× the throughput, in
-// BenchmarkPostgresGroupCommit as it was before the variant was removed;
-// README, "Group commit".)
+// one statement over arrays, for 0.5–0.7× the throughput;
+// docs/performance.md, "Group commit".)
 //
 // Rules every batched statement keeps:
 //   - It carries one tenant ($1, a scalar) and filters every use of the
@@ -137,13 +136,33 @@ func newBatchers(p *Store, opts Options) *pgBatchers {
 // key, as strings.Compare orders their bytes, which with the tenant first
 // is the one order in which every statement touches rows.
 
-// runClaims sends a batch of claims and answers each.
+// runClaims sends a batch of claims and answers each, in four steps:
+// pick the rows to claim, claim them (retrying what the statement's
+// snapshot hid), answer the callers, and release what a caller who gave
+// up was granted.
 func (p *Store) runClaims(ops []*claimOp) {
 	slices.SortFunc(ops, func(a, b *claimOp) int { return strings.Compare(a.req.Key, b.req.Key) })
-	// lead[i] is the op whose row answers ops[i]: the first op of its
-	// (tenant, key) whose caller still waits.
-	lead := make([]int, len(ops))
-	var rows []int
+	lead, rows := claimLeads(ops)
+	results, errs := p.claimAll(ops, rows)
+	for i, o := range ops {
+		res, err := results[lead[i]], errs[lead[i]]
+		if lead[i] != i {
+			// The lead's claim came first: this one meets its lock, or
+			// whatever the lead met.
+			res.Claimed = false
+		}
+		if !o.finish(res, err) && err == nil && res.Claimed {
+			p.releaseAbandoned(o.req)
+		}
+	}
+}
+
+// claimLeads picks the rows a batch of claims sorted by key sends: for
+// each key, its lead, the first op whose caller still waits, answers
+// every op of the key (lead[i] is ops[i]'s), and rows lists the leads
+// whose callers wait.
+func claimLeads(ops []*claimOp) (lead, rows []int) {
+	lead = make([]int, len(ops))
 	for start := 0; start < len(ops); {
 		end := start + 1
 		for end < len(ops) && ops[end].req.Key == ops[start].req.Key {
@@ -161,7 +180,15 @@ func (p *Store) runClaims(ops []*claimOp) {
 		}
 		start = end
 	}
+	return lead, rows
+}
 
+// claimAll claims ops[rows…] and returns each op's result or error
+// (indexed like ops; set for rows only). A statement whose snapshot hid
+// a conflicting row is run again for the rows it did not show, up to
+// claimAttempts times; one the database rejects as invalid is retried one
+// statement per claim.
+func (p *Store) claimAll(ops []*claimOp, rows []int) ([]idemproxy.ClaimResult, []error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
 	defer cancel()
 	results := make([]idemproxy.ClaimResult, len(ops))
@@ -187,24 +214,17 @@ func (p *Store) runClaims(ops []*claimOp) {
 	for _, i := range pending {
 		errs[i] = errClaimOutOfSight
 	}
+	return results, errs
+}
 
-	for i, o := range ops {
-		res, err := results[lead[i]], errs[lead[i]]
-		if lead[i] != i {
-			// The lead's claim came first: this one meets its lock, or
-			// whatever the lead met.
-			res.Claimed = false
-		}
-		if !o.finish(res, err) && err == nil && res.Claimed {
-			// Its caller is gone: nobody will forward the command or
-			// complete the lock, so give the key back at once.
-			rctx, rcancel := context.WithTimeout(context.Background(), p.opTimeout)
-			if err := p.releaseOne(rctx, releaseArgs{o.req.Tenant, o.req.Owner, o.req.Key}); err != nil {
-				p.log.Warn("the lock of a claim whose caller gave up could not be released; it ends with its lease",
-					"tenant", o.req.Tenant.String(), "idempotency_key", o.req.Key, "error", err)
-			}
-			rcancel()
-		}
+// releaseAbandoned gives back at once the lock of a claim whose caller
+// stopped waiting: nobody will forward its command or complete it.
+func (p *Store) releaseAbandoned(c idemproxy.Claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
+	defer cancel()
+	if err := p.releaseOne(ctx, releaseArgs{c.Tenant, c.Owner, c.Key}); err != nil {
+		p.log.Warn("the lock of a claim whose caller gave up could not be released; it ends with its lease",
+			"tenant", c.Tenant.String(), "idempotency_key", c.Key, "error", err)
 	}
 }
 

@@ -83,14 +83,18 @@ type Harness struct {
 	SetCreated func(t *testing.T, tenant uuid.UUID, key string, at time.Time)
 }
 
-// Run runs the suite, one subtest at a time, each with the harness
-// newHarness returns for it. newHarness may fail or skip the subtest (a
-// server that cannot be reached); it registers with t.Cleanup whatever
-// must be closed.
+// Run runs the suite, each subtest with the harness newHarness returns
+// for it. The subtests run in parallel (go test's -parallel bounds how
+// many at once): each uses tenants of its own, new random UUIDs, so they
+// never meet each other's entries. newHarness is called from each
+// subtest's goroutine and may be called concurrently; it may fail or skip
+// the subtest (a server that cannot be reached), and registers with
+// t.Cleanup whatever must be closed.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Helper()
 	for _, st := range suite {
 		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t)
 			if h.Store == nil || h.Advance == nil {
 				t.Fatal("storetest: the harness has no Store or no Advance")
