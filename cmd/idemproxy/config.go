@@ -589,7 +589,7 @@ Usage:
   idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
   idemproxy migrate up|down|status
                                apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
-  idemproxy keys get|delete -tenant T -key K [-admin ADDR]
+  idemproxy keys get|delete -tenant T -key K [-json] [-admin ADDR]
                                look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
   idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
                                list a tenant's live keys, newest first (keys -h for more)

@@ -70,7 +70,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "migrate":
 		return runMigrate(ctx, args[2:], getenv, stdout)
 	case "keys":
-		return runKeys(ctx, args[2:], getenv, stdout)
+		return runKeys(ctx, args[2:], getenv, stdout, stderr)
 	case "healthcheck":
 		return healthcheck(ctx, getenv)
 	case "version":
