@@ -1,5 +1,7 @@
 package proxy
 
+import "maps"
+
 // variables maps the Go settings of idemproxy's packages (Struct.Field,
 // as an *idemproxy.ConfigError names them) to the environment variables
 // that set them in the sidecar.
@@ -55,3 +57,7 @@ func Variable(goName string) string {
 	}
 	return goName
 }
+
+// Variables returns every Go setting the sidecar sets from a variable,
+// with the variable's name.
+func Variables() map[string]string { return maps.Clone(variables) }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/caarlos0/env/v11"
@@ -27,112 +25,169 @@ import (
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// Config is the whole configuration, read from IDEMPROXY_* variables. The
-// variable names are public interface (README, "Configuration"); desc
-// feeds --help. More tags are read by loadConfig and configWarnings:
-//   - enum lists the values of a setting idemproxy's command owns (a
-//     variable, or each element of a list), matched case-insensitively
-//     and stored as spelled in the tag; fold:"lower" (or "upper") spells
-//     in that case the value of a setting a library checks, which names
-//     the choices itself;
-//   - lib names the library settings (Struct.Field) a variable sets, so
-//     that a library's *idemproxy.ConfigError is told in variable names:
-//     each rule is checked once, by the library that owns it;
-//   - zero says what 0 means for a number or duration that may be 0; any
-//     other is refused at 0 or less (libraries read 0 as "the default");
-//   - only names the setting (VAR=value, or VAR=element for a list;
-//     VAR=a|b for either) without which the variable is ignored, so that
-//     setting it anyway draws a warning.
+// Config is the whole configuration, read from IDEMPROXY_* variables by
+// caarlos0/env. The variable names are public interface; desc is what
+// --help and docs/configuration.md say of each. The enumerated variables
+// are folded and checked by their choices (stores, modes, tenantSources,
+// logLevels); what else the command knows of a variable is in three
+// tables: numbers (which may be 0, and what 0 means), ignoredUnless (what
+// a configuration ignores) and proxy.Variable (the library setting a
+// variable sets).
 type Config struct {
 	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
 	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
-	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" lib:"proxy.Config.Upstream" desc:"the service to protect (required; the demo command supplies its own)"`
-	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" enum:"memory,postgres,redis" desc:"memory, postgres or redis"`
-	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.URL" desc:"libpq URL, required for the postgres store"`
-	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" fold:"lower" lib:"idempotency.Config.Mode" desc:"answer to a retried key: noop, strict or replay"`
+	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
+	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
+	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
+	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
 
-	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" lib:"idempotency.Config.SuccessStatus" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
+	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
-	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"apply the Postgres migrations at start (postgres store)"`
-	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.MaxConns" desc:"largest Postgres connection pool"`
-	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.StatementTimeout" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
-	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" only:"IDEMPROXY_STORE=postgres" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
-	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.MaxBatch" desc:"most operations one batched Postgres statement carries"`
-	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" only:"IDEMPROXY_STORE=postgres" lib:"postgres.Options.BatchesInFlight" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
-	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" only:"IDEMPROXY_STORE=postgres" zero:"a plain table" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
-	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" zero:"no purge" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
-	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
-	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
-	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
+	Migrate            bool          `env:"IDEMPROXY_MIGRATE" envDefault:"true" desc:"apply the Postgres migrations at start (postgres store)"`
+	DBMaxConns         int32         `env:"IDEMPROXY_DB_MAX_CONNS" envDefault:"20" desc:"largest Postgres connection pool"`
+	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
+	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
+	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" desc:"most operations one batched Postgres statement carries"`
+	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
+	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
+	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
+	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
+	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking the store again"`
+	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
 
-	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"redis.Options.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
-	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" only:"IDEMPROXY_STORE=redis" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
-	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" only:"IDEMPROXY_STORE=redis" lib:"redis.Options.PoolSize" desc:"largest Redis connection pool per Redis node"`
-	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" only:"IDEMPROXY_STORE=redis" zero:"none" lib:"redis.Options.WaitReplicas" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
-	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" only:"IDEMPROXY_STORE=redis" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
+	RedisURL          string `env:"IDEMPROXY_REDIS_URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
+	RedisCluster      bool   `env:"IDEMPROXY_REDIS_CLUSTER" envDefault:"false" desc:"read IDEMPROXY_REDIS_URL as a Redis Cluster URL (more seed nodes as addr= parameters)"`
+	RedisPoolSize     int    `env:"IDEMPROXY_REDIS_POOL_SIZE" envDefault:"20" desc:"largest Redis connection pool per Redis node"`
+	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
+	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
-	TenantSource []string      `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" envSeparator:"," fold:"lower" lib:"tenancy.Config.Sources" desc:"ordered list of header, jwt"`
-	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" lib:"tenancy.Config.Header" desc:"header carrying the tenant UUID"`
-	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Claim" desc:"JWT claim carrying the tenant UUID"`
-	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.HS256Secret" desc:"shared secret for HS256 tokens"`
-	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.JWKSURL" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
-	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.JWKSRefresh" desc:"JWKS refresh interval"`
-	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.PublicKey" desc:"PEM public key file for RS256/ES256 tokens"`
-	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Issuer" desc:"required iss, when set"`
-	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Audience" desc:"required aud, when set"`
+	TenantSource sourceList    `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" desc:"ordered list of header, jwt"`
+	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
+	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" desc:"JWT claim carrying the tenant UUID"`
+	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" desc:"shared secret for HS256 tokens"`
+	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
+	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" desc:"JWKS refresh interval"`
+	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" desc:"PEM public key file for RS256/ES256 tokens"`
+	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" desc:"required iss, when set"`
+	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" desc:"required aud, when set"`
 
-	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"idempotency.Config.KeyTTL" desc:"how long a record replays"`
-	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"idempotency.Config.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
-	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
-	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"idempotency.Config.StoreTimeout,postgres.Options.OpTimeout,redis.Options.OpTimeout" desc:"bound on each store operation"`
-	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"idempotency.Config.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
-	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"idempotency.Config.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
-	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
-	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"idempotency.Config.MaxBufferedBytes" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
-	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" lib:"idempotency.Config.ReplayMaxBytes" desc:"largest response body kept for mode replay"`
-	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxEntries" desc:"bound on locks plus records in the memory store"`
-	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxBytes" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
-	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.TenantMaxEntries" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
+	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
+	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
+	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"bound on a keyed command and on waiting for response headers"`
+	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
+	RequireKey      methodList    `env:"IDEMPROXY_REQUIRE_KEY" desc:"methods that must carry a key (e.g. POST,PUT)"`
+	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
+	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
+	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" desc:"largest response body kept for mode replay"`
+	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" desc:"bound on locks plus records in the memory store"`
+	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
+	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
-	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" zero:"none" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
-	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" enum:"debug,info,warn,error" desc:"debug, info, warn or error (JSON logs)"`
+	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
+	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
 
-// configVars lists the variable of every Config field, in order.
-func configVars() []reflect.StructField {
-	t := reflect.TypeFor[Config]()
-	fields := make([]reflect.StructField, 0, t.NumField())
-	for i := range t.NumField() {
-		fields = append(fields, t.Field(i))
+// The values of the enumerated variables, as idemproxy spells them.
+var (
+	stores        = choices{"memory", "postgres", "redis"}
+	modes         = choices{"noop", "strict", "replay"} // idempotency.Modes
+	tenantSources = choices{"header", "jwt"}
+	logLevels     = choices{"debug", "info", "warn", "error"}
+)
+
+// choices are the values an enumerated variable takes.
+type choices []string
+
+// match folds s (case, surrounding spaces) and reports whether it is one
+// of cs.
+func (cs choices) match(s string) (string, bool) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	return s, slices.Contains(cs, s)
+}
+
+// String lists cs as a sentence does: "a, b or c".
+func (cs choices) String() string {
+	return strings.Join(cs[:len(cs)-1], ", ") + " or " + cs[len(cs)-1]
+}
+
+// sourceList is IDEMPROXY_TENANT_SOURCE: tenant sources, comma-separated.
+type sourceList []string
+
+// UnmarshalText reads a comma-separated list of tenant sources in any case.
+func (l *sourceList) UnmarshalText(text []byte) error {
+	*l = nil
+	for s := range strings.SplitSeq(string(text), ",") {
+		src, ok := tenantSources.match(s)
+		if !ok {
+			return refuse("IDEMPROXY_TENANT_SOURCE", "must list %s, got %q", tenantSources, src)
+		}
+		*l = append(*l, src)
 	}
-	return fields
+	return nil
+}
+
+// methodList is IDEMPROXY_REQUIRE_KEY: HTTP methods, comma-separated,
+// upper-cased. The proxy says which methods it accepts.
+type methodList []string
+
+// UnmarshalText reads a comma-separated list of methods in any case.
+func (l *methodList) UnmarshalText(text []byte) error {
+	*l = nil
+	for m := range strings.SplitSeq(string(text), ",") {
+		*l = append(*l, strings.ToUpper(strings.TrimSpace(m)))
+	}
+	return nil
+}
+
+// A badValue is a variable the command refuses, and why, in the user's
+// words.
+type badValue struct{ name, reason string }
+
+func (e *badValue) Error() string { return e.name + " " + e.reason }
+
+func refuse(name, format string, args ...any) error {
+	return &badValue{name, fmt.Sprintf(format, args...)}
+}
+
+// parsers are the parsers caarlos0/env uses instead of its own: booleans
+// in any case (strconv.ParseBool alone refuses tRUE).
+var parsers = map[reflect.Type]env.ParserFunc{
+	reflect.TypeFor[bool](): func(v string) (any, error) { return strconv.ParseBool(strings.ToLower(v)) },
 }
 
 // loadConfig reads and validates the configuration from environ
 // ("NAME=value" entries; of a name given twice the last one counts).
 // Enumerated values and booleans are read case-insensitively. Every error
-// names the variable and why it is wrong, in the user's terms, and never
-// echoes a secret's value.
+// names the variable and why it is wrong, in the user's terms, once, and
+// never echoes a secret's value.
 func loadConfig(environ []string) (Config, error) {
-	all := environMap(environ)
-	vars := map[string]string{}
-	byField := map[string]string{}
-	for _, f := range configVars() {
-		name := f.Tag.Get("env")
-		byField[f.Name] = name
-		if v := all[name]; v != "" {
-			vars[name] = normalise(f, v)
-		}
-	}
-	cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: vars})
+	vars := environMap(environ)
+	cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: vars, FuncMap: parsers})
 	if err != nil {
-		return Config{}, explainEnvError(err, byField, vars)
+		return Config{}, explainEnvError(err, vars)
 	}
-	return cfg, errors.Join(checkEnums(cfg), cfg.validate())
+	var errs []error
+	for _, e := range []struct {
+		name  string
+		value *string
+		cs    choices
+	}{
+		{"IDEMPROXY_STORE", &cfg.Store, stores},
+		{"IDEMPROXY_MODE", &cfg.Mode, modes},
+		{"IDEMPROXY_LOG_LEVEL", &cfg.LogLevel, logLevels},
+	} {
+		v, ok := e.cs.match(*e.value)
+		if !ok {
+			errs = append(errs, refuse(e.name, "must be %s, got %q", e.cs, v))
+		}
+		*e.value = v
+	}
+	return cfg, tell(append(errs, cfg.check()...))
 }
 
 // environMap turns "NAME=value" entries into a map; the last of a name wins.
@@ -146,84 +201,18 @@ func environMap(environ []string) map[string]string {
 	return m
 }
 
-// normalise spells an enumerated value (each element of a list) as its
-// enum tag does, when it matches one case-insensitively, lower-cases a
-// value tagged fold:"lower", and lower-cases a boolean, so that TRUE and
-// True parse.
-func normalise(f reflect.StructField, v string) string {
-	switch {
-	case f.Type.Kind() == reflect.Bool || f.Tag.Get("fold") == "lower":
-		v = strings.ToLower(v)
-	case f.Tag.Get("fold") == "upper":
-		v = strings.ToUpper(v)
-	}
-	enum := f.Tag.Get("enum")
-	if enum == "" && f.Tag.Get("fold") == "" {
-		return v
-	}
-	canon := func(s string) string {
-		s = strings.TrimSpace(s)
-		for _, want := range strings.Split(enum, ",") {
-			if enum != "" && strings.EqualFold(s, want) {
-				return want
-			}
-		}
-		return s
-	}
-	if sep := f.Tag.Get("envSeparator"); sep != "" {
-		parts := strings.Split(v, sep)
-		for i, p := range parts {
-			parts[i] = canon(p)
-		}
-		return strings.Join(parts, sep)
-	}
-	return canon(v)
-}
-
-// checkEnums reports every enumerated variable whose value (or an element
-// of whose list) is not one of its enum tag's.
-func checkEnums(cfg Config) error {
-	var errs []error
-	v := reflect.ValueOf(cfg)
-	for i, f := range configVars() {
-		enum := f.Tag.Get("enum")
-		if enum == "" {
-			continue
-		}
-		allowed := strings.Split(enum, ",")
-		choices := strings.Join(allowed[:len(allowed)-1], ", ") + " or " + allowed[len(allowed)-1]
-		if len(allowed) == 1 {
-			choices = allowed[0]
-		}
-		var values []string
-		list := f.Type.Kind() == reflect.Slice
-		if list {
-			values = v.Field(i).Interface().([]string)
-		} else {
-			values = []string{v.Field(i).String()}
-		}
-		for _, got := range values {
-			if slices.Contains(allowed, got) {
-				continue
-			}
-			if list {
-				errs = append(errs, fmt.Errorf("%s must list %s (comma-separated), got %q", f.Tag.Get("env"), choices, got))
-			} else {
-				errs = append(errs, fmt.Errorf("%s must be %s, got %q", f.Tag.Get("env"), choices, got))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // explainEnvError turns the parser's errors into the user's terms: what
 // kind of value the variable needs, with an example, and the value given
 // (never a string variable's, which could be a secret: only numbers,
-// durations and booleans fail to parse).
-func explainEnvError(err error, byField, environ map[string]string) error {
+// durations, booleans and enumerated lists fail to parse).
+func explainEnvError(err error, environ map[string]string) error {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
 		return err
+	}
+	byField := map[string]string{}
+	for _, v := range variables() {
+		byField[v.field] = v.name
 	}
 	var msgs []string
 	for _, e := range agg.Errors {
@@ -234,7 +223,10 @@ func explainEnvError(err error, byField, environ map[string]string) error {
 		}
 		name := byField[pe.Name]
 		got := strings.TrimSpace(environ[name])
+		var b *badValue
 		switch kind := pe.Type; {
+		case errors.As(pe.Err, &b):
+			msgs = append(msgs, b.Error())
 		case kind == reflect.TypeFor[time.Duration]():
 			if _, nerr := strconv.ParseFloat(got, 64); nerr == nil {
 				msgs = append(msgs, fmt.Sprintf("%s=%s needs a unit, e.g. %ss (or ms, m, h)", name, got, got))
@@ -252,25 +244,235 @@ func explainEnvError(err error, byField, environ map[string]string) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
+// check refuses what the command owns (listeners, numbers, the admin
+// token, which store) and has each library check its own settings. Its
+// errors are for tell.
+func (c Config) check() []error {
+	var errs []error
+	bad := func(name, format string, args ...any) { errs = append(errs, refuse(name, format, args...)) }
+	for _, l := range [][2]string{{"IDEMPROXY_LISTEN_ADDR", c.ListenAddr}, {"IDEMPROXY_ADMIN_ADDR", c.AdminAddr}} {
+		if _, _, err := net.SplitHostPort(l[1]); err != nil {
+			bad(l[0], "must be host:port (e.g. :8080): %v", err)
+		}
+	}
+	if _, port, _ := net.SplitHostPort(c.ListenAddr); c.ListenAddr == c.AdminAddr && port != "0" {
+		bad("IDEMPROXY_ADMIN_ADDR", "must differ from IDEMPROXY_LISTEN_ADDR: the admin listener is separate")
+	}
+	for _, n := range c.numbers() {
+		errs = append(errs, n.check())
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < minAdminToken {
+		bad("IDEMPROXY_ADMIN_TOKEN", "must be at least %d bytes long (it is %d): it is the bearer token that lets a caller "+
+			"read and delete any tenant's keys through the admin API; make one with openssl rand -hex 32", minAdminToken, len(c.AdminToken))
+	}
+
+	pc, err := c.proxyConfig(nil, nil, nil)
+	errs = append(errs, err, pc.Validate())
+	tc, err := c.tenancyConfig(nil)
+	errs = append(errs, err, tc.Validate())
+	switch c.Store {
+	case "memory":
+		errs = append(errs, c.memoryOptions().Validate())
+	case "postgres":
+		if c.DatabaseURL == "" {
+			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
+		} else {
+			errs = append(errs, c.postgresOptions(nil).Validate())
+		}
+	case "redis":
+		if c.RedisURL == "" {
+			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
+		} else {
+			errs = append(errs, c.redisOptions(nil).Validate())
+		}
+	}
+	return errs
+}
+
+// minAdminToken is the shortest IDEMPROXY_ADMIN_TOKEN accepted.
+const minAdminToken = 16
+
+// A number is a numeric setting and what the command accepts of it: at
+// least min (1 unless zero says what 0 means) and at most max, if set.
+// Libraries read 0 as "the default", so the command refuses a 0 that
+// would be silently replaced.
+type number struct {
+	name     string
+	value    int64 // nanoseconds, for a duration
+	duration bool
+	zero     string
+	min, max int64
+}
+
+func count[T int | int32 | int64](name string, v T) number {
+	return number{name: name, value: int64(v), min: 1}
+}
+
+func duration(name string, d time.Duration) number {
+	return number{name: name, value: int64(d), duration: true, min: 1}
+}
+
+func (n number) zeroMeans(what string) number { n.zero, n.min = what, 0; return n }
+func (n number) atLeast(min int64) number     { n.min = min; return n }
+func (n number) atMost(max int64) number      { n.max = max; return n }
+
+// numbers lists every number and duration of c.
+func (c Config) numbers() []number {
+	return []number{
+		count("IDEMPROXY_DB_MAX_CONNS", c.DBMaxConns).atMost(10000),
+		duration("IDEMPROXY_DB_STATEMENT_TIMEOUT", c.DBStatementTimeout),
+		count("IDEMPROXY_DB_BATCH_MAX", c.DBBatchMax).atMost(1000),
+		count("IDEMPROXY_DB_BATCHES_IN_FLIGHT", c.DBBatchesInFlight).atMost(1000),
+		count("IDEMPROXY_DB_PARTITIONS", c.DBPartitions).zeroMeans("a plain table").atMost(migrations.MaxPartitions),
+		duration("IDEMPROXY_PURGE_INTERVAL", c.PurgeInterval).zeroMeans("no purge"),
+		count("IDEMPROXY_RECORD_CACHE_ENTRIES", c.RecordCacheEntries).zeroMeans("no record cache"),
+		duration("IDEMPROXY_RECORD_CACHE_TTL", c.RecordCacheTTL),
+		count("IDEMPROXY_PURGE_BATCH", c.PurgeBatch).atMost(100000),
+		count("IDEMPROXY_REDIS_POOL_SIZE", c.RedisPoolSize).atMost(10000),
+		count("IDEMPROXY_REDIS_WAIT_REPLICAS", c.RedisWaitReplicas).zeroMeans("no waiting for replicas"),
+		duration("IDEMPROXY_JWT_JWKS_REFRESH", c.JWKSRefresh),
+		duration("IDEMPROXY_KEY_TTL", c.KeyTTL),
+		duration("IDEMPROXY_LOCK_TIMEOUT", c.LockTimeout),
+		duration("IDEMPROXY_UPSTREAM_TIMEOUT", c.UpstreamTimeout),
+		duration("IDEMPROXY_STORE_TIMEOUT", c.StoreTimeout),
+		count("IDEMPROXY_MAX_BODY_BYTES", c.MaxBodyBytes),
+		duration("IDEMPROXY_BODY_TIMEOUT", c.BodyTimeout),
+		count("IDEMPROXY_MAX_BUFFERED_BYTES", c.MaxBuffered),
+		count("IDEMPROXY_REPLAY_MAX_BYTES", c.ReplayMaxBytes),
+		count("IDEMPROXY_MEMORY_MAX_ENTRIES", c.MemoryMaxKeys),
+		count("IDEMPROXY_MEMORY_MAX_BYTES", c.MemoryMaxBytes),
+		count("IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES", c.MemoryTenantMax),
+		duration("IDEMPROXY_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout),
+		count("IDEMPROXY_MAX_HEADER_BYTES", c.MaxHeaderBytes).atLeast(4096),
+		duration("IDEMPROXY_SHUTDOWN_DELAY", c.ShutdownDelay).zeroMeans("no delay"),
+	}
+}
+
+// check refuses n outside its bounds.
+func (n number) check() error {
+	got, positive := strconv.FormatInt(n.value, 10), "positive"
+	if n.duration {
+		got, positive = time.Duration(n.value).String(), "a positive duration"
+	}
+	switch {
+	case n.value < 0 && n.zero != "":
+		return refuse(n.name, "must not be negative (0 means %s), got %s", n.zero, got)
+	case n.value < n.min && n.min == 1:
+		return refuse(n.name, "must be %s, got %s", positive, got)
+	case n.value < n.min:
+		return refuse(n.name, "must be at least %d, got %s", n.min, got)
+	case n.max > 0 && n.value > n.max:
+		return refuse(n.name, "must be at most %d, got %s", n.max, got)
+	}
+	return nil
+}
+
+// settingVar is the variable behind a library's setting (proxy.Variable:
+// the sidecar's one table from Go settings to variables), or the setting's
+// Go name if no variable sets it.
+func settingVar(structName, field string) string {
+	return proxy.Variable(structName + "." + field)
+}
+
+// tell joins errs in the user's words. A library's *idemproxy.ConfigError
+// is told in variable names, unless the command has refused that variable
+// already; no error is told twice.
+func tell(errs []error) error {
+	errs = flatten(errs)
+	refused := map[string]bool{}
+	for _, err := range errs {
+		if b, ok := err.(*badValue); ok {
+			refused[b.name] = true
+		}
+	}
+	var told []error
+	seen := map[string]bool{}
+	for _, err := range errs {
+		var ce *idemproxy.ConfigError
+		if errors.As(err, &ce) {
+			if refused[settingVar(ce.Struct, ce.Field)] {
+				continue
+			}
+			err = errors.New(ce.Explain(func(field string) string { return settingVar(ce.Struct, field) }))
+		}
+		if !seen[err.Error()] {
+			seen[err.Error()] = true
+			told = append(told, err)
+		}
+	}
+	return errors.Join(told...)
+}
+
+// flatten lists the errors that errs join, without nils.
+func flatten(errs []error) []error {
+	var flat []error
+	for _, err := range errs {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			flat = append(flat, flatten(joined.Unwrap())...)
+		} else if err != nil {
+			flat = append(flat, err)
+		}
+	}
+	return flat
+}
+
+// explain tells a library's configuration errors in variable names; an
+// error that is not an *idemproxy.ConfigError is kept as it is.
+func explain(err error) error { return tell([]error{err}) }
+
+// ignoredUnless lists the variables a configuration ignores unless an
+// enumerated variable has one of some values (or, for a list, holds one);
+// configWarnings names those set all the same.
+var ignoredUnless = []struct {
+	name   string
+	values []string
+	vars   []string
+}{
+	{"IDEMPROXY_STORE", []string{"memory"}, []string{
+		"IDEMPROXY_MEMORY_MAX_ENTRIES", "IDEMPROXY_MEMORY_MAX_BYTES", "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"}},
+	{"IDEMPROXY_STORE", []string{"postgres"}, []string{
+		"IDEMPROXY_DATABASE_URL", "IDEMPROXY_MIGRATE", "IDEMPROXY_DB_MAX_CONNS", "IDEMPROXY_DB_STATEMENT_TIMEOUT",
+		"IDEMPROXY_DB_BATCH", "IDEMPROXY_DB_BATCH_MAX", "IDEMPROXY_DB_BATCHES_IN_FLIGHT", "IDEMPROXY_DB_PARTITIONS",
+		"IDEMPROXY_PURGE_INTERVAL", "IDEMPROXY_PURGE_BATCH"}},
+	{"IDEMPROXY_STORE", []string{"postgres", "redis"}, []string{"IDEMPROXY_RECORD_CACHE_ENTRIES", "IDEMPROXY_RECORD_CACHE_TTL"}},
+	{"IDEMPROXY_STORE", []string{"redis"}, []string{
+		"IDEMPROXY_REDIS_URL", "IDEMPROXY_REDIS_CLUSTER", "IDEMPROXY_REDIS_POOL_SIZE", "IDEMPROXY_REDIS_WAIT_REPLICAS",
+		"IDEMPROXY_REDIS_AUTOPIPELINE"}},
+	{"IDEMPROXY_TENANT_SOURCE", []string{"jwt"}, []string{
+		"IDEMPROXY_JWT_CLAIM", "IDEMPROXY_JWT_HS256_SECRET", "IDEMPROXY_JWT_JWKS_URL", "IDEMPROXY_JWT_JWKS_REFRESH",
+		"IDEMPROXY_JWT_PUBLIC_KEY_FILE", "IDEMPROXY_JWT_ISSUER", "IDEMPROXY_JWT_AUDIENCE"}},
+	{"IDEMPROXY_MODE", []string{"replay"}, []string{"IDEMPROXY_REPLAY_MAX_BYTES"}},
+}
+
+// chosen is the value of an enumerated variable that ignoredUnless names
+// (the elements of a list).
+func (c Config) chosen(name string) []string {
+	switch name {
+	case "IDEMPROXY_STORE":
+		return []string{c.Store}
+	case "IDEMPROXY_MODE":
+		return []string{c.Mode}
+	case "IDEMPROXY_TENANT_SOURCE":
+		return c.TenantSource
+	}
+	return nil
+}
+
 // configWarnings names the IDEMPROXY_* variables of environ that idemproxy
 // does not know (a typo: the nearest known name is suggested), and those
-// set to a non-empty value that cfg ignores (their only tag is not met).
+// set to a non-empty value that cfg ignores (see ignoredUnless).
 func configWarnings(environ []string, cfg Config) []string {
 	set := environMap(environ)
-	known := map[string]reflect.StructField{}
-	fieldOf := map[string]int{}
-	for i, f := range configVars() {
-		known[f.Tag.Get("env")] = f
-		fieldOf[f.Tag.Get("env")] = i
+	var known []string
+	for _, v := range variables() {
+		known = append(known, v.name)
 	}
 	var warnings []string
-	names := slices.Sorted(maps.Keys(set))
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(set)) {
 		if !strings.HasPrefix(name, "IDEMPROXY_") {
 			continue
 		}
-		f, ok := known[name]
-		if !ok {
+		if !slices.Contains(known, name) {
 			w := name + " is not an idemproxy variable and is ignored"
 			if near := nearestName(name, known); near != "" {
 				w += "; did you mean " + near + "?"
@@ -278,40 +480,24 @@ func configWarnings(environ []string, cfg Config) []string {
 			warnings = append(warnings, w)
 			continue
 		}
-		cond := f.Tag.Get("only")
-		if cond == "" || set[name] == "" {
-			continue
-		}
-		onVar, wants, _ := strings.Cut(cond, "=")
-		field := reflect.ValueOf(cfg).Field(fieldOf[onVar])
-		met := false
-		for want := range strings.SplitSeq(wants, "|") {
-			if list, ok := field.Interface().([]string); ok {
-				met = met || slices.Contains(list, want)
-			} else {
-				met = met || field.String() == want
+		for _, rule := range ignoredUnless {
+			chosen := cfg.chosen(rule.name)
+			if set[name] == "" || !slices.Contains(rule.vars, name) ||
+				slices.ContainsFunc(rule.values, func(v string) bool { return slices.Contains(chosen, v) }) {
+				continue
 			}
-		}
-		if !met {
-			warnings = append(warnings, fmt.Sprintf("%s is set but ignored: it applies only with %s (%s is %s)",
-				name, cond, onVar, describe(field)))
+			warnings = append(warnings, fmt.Sprintf("%s is set but ignored: it applies only with %s=%s (%s is %s)",
+				name, rule.name, strings.Join(rule.values, "|"), rule.name, strings.Join(chosen, ",")))
 		}
 	}
 	return warnings
 }
 
-func describe(v reflect.Value) string {
-	if list, ok := v.Interface().([]string); ok {
-		return strings.Join(list, ",")
-	}
-	return v.String()
-}
-
 // nearestName returns the known name closest to name by edit distance, if
 // it is close enough to be a typo of it.
-func nearestName(name string, known map[string]reflect.StructField) string {
+func nearestName(name string, known []string) string {
 	best, bestDist := "", 4
-	for k := range known {
+	for _, k := range known {
 		if d := editDistance(name, k); d < bestDist || (d == bestDist && k < best) {
 			best, bestDist = k, d
 		}
@@ -340,137 +526,6 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// validate checks what the command owns (listeners, which store, numbers
-// that must be positive) and has each library check its own settings,
-// told in variable names.
-func (c Config) validate() error {
-	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s %s", name, fmt.Sprintf(format, args...)))
-	}
-	for name, addr := range map[string]string{"IDEMPROXY_LISTEN_ADDR": c.ListenAddr, "IDEMPROXY_ADMIN_ADDR": c.AdminAddr} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			bad(name, "must be host:port (e.g. :8080): %v", err)
-		}
-	}
-	if _, port, _ := net.SplitHostPort(c.ListenAddr); c.ListenAddr == c.AdminAddr && port != "0" {
-		bad("IDEMPROXY_ADMIN_ADDR", "must differ from IDEMPROXY_LISTEN_ADDR: the admin listener is separate")
-	}
-	errs = append(errs, checkPositive(c))
-	if c.DBMaxConns > 10000 {
-		bad("IDEMPROXY_DB_MAX_CONNS", "must be at most 10000, got %d", c.DBMaxConns)
-	}
-	if c.RedisPoolSize > 10000 {
-		bad("IDEMPROXY_REDIS_POOL_SIZE", "must be at most 10000, got %d", c.RedisPoolSize)
-	}
-	if c.DBBatchMax > 1000 {
-		bad("IDEMPROXY_DB_BATCH_MAX", "must be at most 1000, got %d", c.DBBatchMax)
-	}
-	if c.DBBatchesInFlight > 1000 {
-		bad("IDEMPROXY_DB_BATCHES_IN_FLIGHT", "must be at most 1000, got %d", c.DBBatchesInFlight)
-	}
-	if c.DBPartitions > migrations.MaxPartitions {
-		bad("IDEMPROXY_DB_PARTITIONS", "must be at most %d, got %d", migrations.MaxPartitions, c.DBPartitions)
-	}
-	if c.PurgeBatch > 100000 {
-		bad("IDEMPROXY_PURGE_BATCH", "must be at most 100000, got %d", c.PurgeBatch)
-	}
-	if c.MaxHeaderBytes < 4096 {
-		bad("IDEMPROXY_MAX_HEADER_BYTES", "must be at least 4096, got %d", c.MaxHeaderBytes)
-	}
-
-	pc, err := c.proxyConfig(nil, nil, nil)
-	errs = append(errs, err, explain(pc.Validate()))
-	tc, err := c.tenancyConfig(nil)
-	errs = append(errs, err, explain(tc.Validate()))
-	switch c.Store {
-	case "memory":
-		errs = append(errs, explain(c.memoryOptions().Validate()))
-	case "postgres":
-		if c.DatabaseURL == "" {
-			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
-		} else {
-			errs = append(errs, explain(c.postgresOptions(nil).Validate()))
-		}
-	case "redis":
-		if c.RedisURL == "" {
-			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
-		} else {
-			errs = append(errs, explain(c.redisOptions(nil).Validate()))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// checkPositive refuses a number or duration at 0 or less, or below 0
-// where its zero tag says what 0 means.
-func checkPositive(c Config) error {
-	var errs []error
-	v := reflect.ValueOf(c)
-	for i, f := range configVars() {
-		var n float64
-		switch x := v.Field(i).Interface().(type) {
-		case time.Duration:
-			n = float64(x)
-		case int, int32, int64:
-			n = float64(v.Field(i).Int())
-		default:
-			continue
-		}
-		name, zeroOK := f.Tag.Get("env"), f.Tag.Get("zero") != ""
-		kind := "positive"
-		if f.Type == reflect.TypeFor[time.Duration]() {
-			kind = "a positive duration"
-		}
-		switch {
-		case n < 0 && zeroOK:
-			errs = append(errs, fmt.Errorf("%s must not be negative, got %v", name, v.Field(i).Interface()))
-		case n <= 0 && !zeroOK:
-			errs = append(errs, fmt.Errorf("%s must be %s, got %v", name, kind, v.Field(i).Interface()))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// libVars maps each library setting (Struct.Field) to the variable that
-// sets it, from the lib tags.
-var libVars = func() map[string]string {
-	m := map[string]string{}
-	for _, f := range configVars() {
-		for _, lib := range strings.Split(f.Tag.Get("lib"), ",") {
-			if lib != "" {
-				m[lib] = f.Tag.Get("env")
-			}
-		}
-	}
-	return m
-}()
-
-// explain tells a library's configuration errors in variable names; an
-// error that is not an *idemproxy.ConfigError is kept as it is.
-func explain(err error) error {
-	if err == nil {
-		return nil
-	}
-	if joined, ok := err.(interface{ Unwrap() []error }); ok {
-		var errs []error
-		for _, e := range joined.Unwrap() {
-			errs = append(errs, explain(e))
-		}
-		return errors.Join(errs...)
-	}
-	var ce *idemproxy.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	return errors.New(ce.Explain(func(field string) string {
-		if name, ok := libVars[ce.Struct+"."+field]; ok {
-			return name
-		}
-		return ce.Struct + "." + field
-	}))
-}
-
 // drainBudget is the longest a graceful shutdown takes: the delay, then
 // the longest a request that just started may take to send its body, run
 // and record (idempotency.Config.DrainBudget), and 5s for the
@@ -481,8 +536,8 @@ func (c Config) drainBudget() time.Duration {
 	return c.ShutdownDelay + pc.DrainBudget() + 5*time.Second
 }
 
-// logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of its enum tag's
-// values; anything else means info.
+// logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of logLevels;
+// anything else means info.
 func logLevel(s string) slog.Level {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(s))
@@ -515,14 +570,19 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 	if c.UpstreamURL != "" {
 		u, err := url.Parse(c.UpstreamURL)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("IDEMPROXY_UPSTREAM_URL must be an absolute http or https URL, got %q", c.UpstreamURL))
+			// The URL may carry a password: say what is wrong, not the URL.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			errs = append(errs, refuse("IDEMPROXY_UPSTREAM_URL", "must be an absolute http or https URL: %v", err))
 		} else {
 			pc.Upstream = u
 		}
 	}
 	success, err := idempotency.ParseStatusSet(c.SuccessStatus)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("IDEMPROXY_SUCCESS_STATUS %v", err))
+		errs = append(errs, refuse("IDEMPROXY_SUCCESS_STATUS", "%v", err))
 	}
 	pc.SuccessStatus = success
 	return pc, errors.Join(errs...)
@@ -560,7 +620,7 @@ func (c Config) tenancyConfig(log *slog.Logger) (tenancy.Config, error) {
 		Logger:      log,
 	}
 	for _, s := range c.TenantSource {
-		tc.Sources = append(tc.Sources, tenancy.Source(strings.TrimSpace(s)))
+		tc.Sources = append(tc.Sources, tenancy.Source(s))
 	}
 	if c.JWTSecret != "" {
 		tc.HS256Secret = []byte(c.JWTSecret)
@@ -579,35 +639,35 @@ func (c Config) tenancyConfig(log *slog.Logger) (tenancy.Config, error) {
 	return tc, nil
 }
 
-// printHelp lists every variable with its default.
-func printHelp(w io.Writer) {
-	fmt.Fprint(w, `idemproxy: an idempotency sidecar. Requests carrying an Idempotency-Key take
-effect upstream at most once per (tenant, key).
+// configVars lists the fields of Config, in order.
+func configVars() []reflect.StructField {
+	return slices.Collect(reflect.TypeFor[Config]().Fields())
+}
 
-Usage:
-  idemproxy                    run the proxy (configured by the environment)
-  idemproxy demo               run the proxy in front of a bundled demo "orders" service
-                               (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
-  idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
-  idemproxy migrate up|down|status
-                               apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
-  idemproxy keys get|delete -tenant T -key K [-admin ADDR]
-                               look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
-  idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
-                               list a tenant's live keys, newest first (keys -h for more)
-  idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
-  idemproxy version            print the version
-  idemproxy --help             this text
+// A variable is a Config field as --help and docs/configuration.md show
+// it: its env, envDefault and desc tags.
+type variable struct{ field, name, def, desc string }
 
-Environment:
-`)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+// variables lists Config's variables in field order.
+func variables() []variable {
+	var vs []variable
 	for _, f := range configVars() {
-		def := f.Tag.Get("envDefault")
-		if def == "" {
-			def = "-"
-		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", f.Tag.Get("env"), def, f.Tag.Get("desc"))
+		vs = append(vs, variable{f.Name, f.Tag.Get("env"), f.Tag.Get("envDefault"), f.Tag.Get("desc")})
 	}
-	tw.Flush()
+	return vs
+}
+
+// variablesTable is the Markdown table of docs/configuration.md: a row
+// per variable, in Config's order, from the tags --help prints.
+func variablesTable() string {
+	var b strings.Builder
+	b.WriteString("| variable | default | meaning |\n|---|---|---|\n")
+	for _, v := range variables() {
+		def := "—"
+		if v.def != "" {
+			def = "`" + v.def + "`"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", v.name, def, strings.ReplaceAll(v.desc, "|", `\|`))
+	}
+	return b.String()
 }

@@ -185,3 +185,89 @@ func TestConfigTags(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigErrorToldOnce: a value that both the command and a library
+// refuse is told once, by the command.
+func TestConfigErrorToldOnce(t *testing.T) {
+	postgres := map[string]string{"IDEMPROXY_STORE": "postgres", "IDEMPROXY_DATABASE_URL": "postgres://app@db/app"}
+	for _, tc := range []struct {
+		name, value string
+		extra       map[string]string
+	}{
+		{"IDEMPROXY_KEY_TTL", "-5s", nil},
+		{"IDEMPROXY_UPSTREAM_TIMEOUT", "-1s", nil},
+		{"IDEMPROXY_STORE_TIMEOUT", "-1s", postgres},
+		{"IDEMPROXY_MAX_HEADER_BYTES", "0", nil},
+		{"IDEMPROXY_DB_MAX_CONNS", "-1", postgres},
+		{"IDEMPROXY_MODE", "loose", nil},
+	} {
+		env := withVars(withVars(upstreamOnly, tc.extra), map[string]string{tc.name: tc.value})
+		_, err := loadConfig(mapEnv(env))
+		if err == nil {
+			t.Errorf("%s=%s accepted", tc.name, tc.value)
+			continue
+		}
+		if n := strings.Count(err.Error(), tc.name); n != 1 {
+			t.Errorf("%s=%s: the error names the variable %d times, want once:\n%v", tc.name, tc.value, n, err)
+		}
+	}
+}
+
+// TestConfigUpstreamURLUnreadable: an upstream URL that does not parse
+// draws that one error, saying why, without the URL (it may carry a
+// password), and no claim that the variable is missing.
+func TestConfigUpstreamURLUnreadable(t *testing.T) {
+	for _, u := range []string{"http://local host:3000", "http://app:s3cret@local host:3000"} {
+		_, err := loadConfig(mapEnv(map[string]string{"IDEMPROXY_UPSTREAM_URL": u}))
+		if err == nil {
+			t.Errorf("%q accepted", u)
+			continue
+		}
+		msg := err.Error()
+		if want := `IDEMPROXY_UPSTREAM_URL must be an absolute http or https URL: invalid character " " in host name`; msg != want {
+			t.Errorf("%q: got\n%s\nwant\n%s", u, msg, want)
+		}
+		if strings.Contains(msg, "s3cret") {
+			t.Errorf("%q: the error reveals the password: %s", u, msg)
+		}
+	}
+}
+
+// TestConfigAdminTokenLength: an admin token shorter than 16 bytes is
+// refused at start, naming the variable and not the token; unset is fine
+// (the key API is off).
+func TestConfigAdminTokenLength(t *testing.T) {
+	for _, tc := range []struct {
+		token string
+		ok    bool
+	}{
+		{"", true},
+		{"abc", false},
+		{"s3cr3t-0123456", false}, // 14 bytes
+		{"0123456789abcdef", true},
+	} {
+		_, err := loadConfig(mapEnv(withVars(upstreamOnly, map[string]string{"IDEMPROXY_ADMIN_TOKEN": tc.token})))
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("token of %d bytes: %v", len(tc.token), err)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "IDEMPROXY_ADMIN_TOKEN must be at least 16 bytes")):
+			t.Errorf("token of %d bytes: got %v, want IDEMPROXY_ADMIN_TOKEN refused as too short", len(tc.token), err)
+		case !tc.ok && strings.Contains(err.Error(), tc.token):
+			t.Errorf("the error reveals the token: %v", err)
+		}
+	}
+}
+
+// TestConfigBooleansIgnoreCase: booleans are read whatever their case.
+func TestConfigBooleansIgnoreCase(t *testing.T) {
+	for value, want := range map[string]bool{"TRUE": true, "True": true, "tRUE": true, "1": true, "FALSE": false, "False": false, "f": false} {
+		cfg, err := loadConfig(mapEnv(withVars(upstreamOnly, map[string]string{"IDEMPROXY_OTEL_ENABLED": value})))
+		if err != nil || cfg.OTelEnabled != want {
+			t.Errorf("IDEMPROXY_OTEL_ENABLED=%s: got %v (%v), want %v", value, cfg.OTelEnabled, err, want)
+		}
+	}
+	if _, err := loadConfig(mapEnv(withVars(upstreamOnly, map[string]string{"IDEMPROXY_OTEL_ENABLED": "yes"}))); err == nil ||
+		!strings.Contains(err.Error(), `IDEMPROXY_OTEL_ENABLED must be true or false, got "yes"`) {
+		t.Errorf("IDEMPROXY_OTEL_ENABLED=yes: %v", err)
+	}
+}

@@ -18,7 +18,7 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-admin ADDR]
+const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-json] [-admin ADDR]
        idemproxy keys list -tenant UUID [-limit N] [-cursor C] [-json] [-admin ADDR]`
 
 const keysUsage = keysSynopsis + `
@@ -27,14 +27,18 @@ Talks to a running idemproxy's admin API (/v1/keys) with the bearer token
 in IDEMPROXY_ADMIN_TOKEN.
   get     show the lock or record of a key
   delete  remove it, to unstick a key after an incident (audit-logged)
-  list    a tenant's live locks and records, newest first, a page at a time
+  list    a tenant's live locks and records, newest first, a page at a time,
+          then the command for the next page (on stderr with -json)
+
+get and list print a table; -json prints the admin API's JSON instead.
 
 Flags:
 `
 
 // runKeys is "idemproxy keys get|delete|list": it talks to a running
-// idemproxy's admin API. -h prints the usage and succeeds.
-func runKeys(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+// idemproxy's admin API. -h prints the usage and succeeds. Results go to
+// stdout; with -json, the next-page command of list goes to stderr.
+func runKeys(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return errors.New(keysSynopsis)
 	}
@@ -52,7 +56,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	key := fs.String("key", "", "idempotency key (get, delete)")
 	limit := fs.Int("limit", 0, "most keys per page (list; default 50, at most 1000)")
 	cursor := fs.String("cursor", "", "continue a listing where the previous page ended (list)")
-	asJSON := fs.Bool("json", false, "print the admin API's JSON (list)")
+	asJSON := fs.Bool("json", false, "print the admin API's JSON instead of a table (get, list)")
 	admin := fs.String("admin", getenv("IDEMPROXY_ADMIN_ADDR"),
 		"admin listener: host:port as in IDEMPROXY_ADMIN_ADDR (default), or a URL")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -116,8 +120,14 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	case resp.StatusCode == http.StatusNoContent:
 		fmt.Fprintf(stdout, "deleted tenant %s key %q\n", *tenant, *key)
 		return nil
-	case resp.StatusCode == http.StatusOK && op == "list" && !*asJSON:
-		return printKeyList(stdout, body, *tenant)
+	case resp.StatusCode == http.StatusOK && op == "get" && !*asJSON:
+		var view proxy.KeyView
+		if err := json.Unmarshal(body, &view); err != nil {
+			return fmt.Errorf("admin API: unreadable key: %w", err)
+		}
+		return printKeys(stdout, []proxy.KeyView{view})
+	case resp.StatusCode == http.StatusOK && op == "list":
+		return printKeyList(stdout, stderr, body, *asJSON, nextPage(fs))
 	case resp.StatusCode == http.StatusOK:
 		_, err := stdout.Write(body)
 		return err
@@ -126,16 +136,40 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 }
 
-// printKeyList prints a page of the admin API's listing as a table, and
-// the command for the next page if there is one.
-func printKeyList(w io.Writer, body []byte, tenant string) error {
+// printKeyList prints a page of the admin API's listing, as a table
+// followed by the command for the next page if there is one, or as the
+// JSON it is with that command on stderr. next is that command without
+// the cursor.
+func printKeyList(stdout, stderr io.Writer, body []byte, asJSON bool, next string) error {
 	var page proxy.KeyList
 	if err := json.Unmarshal(body, &page); err != nil {
 		return fmt.Errorf("admin API: unreadable listing: %w", err)
 	}
+	more := stdout
+	if asJSON {
+		if _, err := stdout.Write(body); err != nil {
+			return err
+		}
+		more = stderr
+	} else {
+		if err := printKeys(stdout, page.Keys); err != nil {
+			return err
+		}
+		if len(page.Keys) == 0 {
+			fmt.Fprintln(stdout, "(no live keys)")
+		}
+	}
+	if page.NextCursor != "" {
+		fmt.Fprintf(more, "more: %s -cursor %s\n", next, shellQuote(page.NextCursor))
+	}
+	return nil
+}
+
+// printKeys prints keys as a table.
+func printKeys(w io.Writer, keys []proxy.KeyView) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tSTATUS\tCREATED\tEXPIRES\tCOMMAND")
-	for _, k := range page.Keys {
+	for _, k := range keys {
 		status := "-"
 		if k.Status != 0 {
 			status = strconv.Itoa(k.Status)
@@ -143,16 +177,35 @@ func printKeyList(w io.Writer, body []byte, tenant string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s %s\n", k.Key, k.State, status,
 			k.CreatedAt.Format(time.RFC3339), k.ExpiresAt.Format(time.RFC3339), k.CommandType, k.CommandID)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	return tw.Flush()
+}
+
+// nextPage is the keys list command that fs parsed, without -cursor: the
+// flags given, which the next page needs again.
+func nextPage(fs *flag.FlagSet) string {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	cmd := []string{"idemproxy", "keys", "list"}
+	for _, name := range []string{"tenant", "limit", "json", "admin"} {
+		switch {
+		case !given[name]:
+		case name == "json":
+			cmd = append(cmd, "-json")
+		default:
+			cmd = append(cmd, "-"+name, shellQuote(fs.Lookup(name).Value.String()))
+		}
 	}
-	if len(page.Keys) == 0 {
-		fmt.Fprintln(w, "(no live keys)")
+	return strings.Join(cmd, " ")
+}
+
+// shellQuote quotes s for a POSIX shell, unless it needs no quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@=,+%", r))
+	}) < 0 {
+		return s
 	}
-	if page.NextCursor != "" {
-		fmt.Fprintf(w, "more: idemproxy keys list -tenant %s -cursor %s\n", tenant, page.NextCursor)
-	}
-	return nil
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func isHelp(arg string) bool {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -24,20 +25,20 @@ func keysCmd(env map[string]string, args ...string) (string, error) {
 // as IDEMPROXY_ADMIN_ADDR does, or a URL.
 func TestKeysAdminAddress(t *testing.T) {
 	up, _ := countingUpstream(t, nil)
-	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": "admin-token"})
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
 	tenant := uuid.NewString()
 	post(t, s.proxy+"/orders", "addr-1", tenant, "x")
 	hostPort := strings.TrimPrefix(s.admin, "http://")
 	_, port, _ := net.SplitHostPort(hostPort)
-	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": "admin-token"}
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken}
 	for _, admin := range []string{hostPort, ":" + port, "0.0.0.0:" + port, s.admin, s.admin + "/"} {
-		out, err := keysCmd(env, "get", "-admin", admin, "-tenant", tenant, "-key", "addr-1")
+		out, err := keysCmd(env, "get", "-json", "-admin", admin, "-tenant", tenant, "-key", "addr-1")
 		if err != nil || !strings.Contains(out, `"state":"succeeded"`) {
 			t.Errorf("keys get -admin %s: %q %v", admin, out, err)
 		}
 	}
-	fromEnv := map[string]string{"IDEMPROXY_ADMIN_TOKEN": "admin-token", "IDEMPROXY_ADMIN_ADDR": hostPort}
-	if out, err := keysCmd(fromEnv, "get", "-tenant", tenant, "-key", "addr-1"); err != nil || !strings.Contains(out, `"state":"succeeded"`) {
+	fromEnv := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken, "IDEMPROXY_ADMIN_ADDR": hostPort}
+	if out, err := keysCmd(fromEnv, "get", "-json", "-tenant", tenant, "-key", "addr-1"); err != nil || !strings.Contains(out, `"state":"succeeded"`) {
 		t.Errorf("keys get with IDEMPROXY_ADMIN_ADDR=%s: %q %v", hostPort, out, err)
 	}
 	for _, bad := range []string{"9090", "ftp://127.0.0.1:9090", "http://"} {
@@ -76,18 +77,18 @@ func TestHelp(t *testing.T) {
 // a time, and the command for the next page.
 func TestKeysList(t *testing.T) {
 	up, _ := countingUpstream(t, nil)
-	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": "admin-token"})
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
 	tenant := uuid.NewString()
 	for _, key := range []string{"list-1", "list-2", "list-3"} {
 		post(t, s.proxy+"/orders", key, tenant, key)
 	}
-	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": "admin-token", "IDEMPROXY_ADMIN_ADDR": strings.TrimPrefix(s.admin, "http://")}
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken, "IDEMPROXY_ADMIN_ADDR": strings.TrimPrefix(s.admin, "http://")}
 	out, err := keysCmd(env, "list", "-tenant", tenant, "-limit", "2")
 	if err != nil {
 		t.Fatalf("keys list: %v", err)
 	}
 	rows := regexp.MustCompile(`(?m)^(list-\d)\s+succeeded\s+201\s`).FindAllStringSubmatch(out, -1)
-	next := regexp.MustCompile(`(?m)^more: idemproxy keys list -tenant ` + tenant + ` -cursor (\S+)$`).FindStringSubmatch(out)
+	next := regexp.MustCompile(`(?m)^more: idemproxy keys list -tenant ` + tenant + ` -limit 2 -cursor (\S+)$`).FindStringSubmatch(out)
 	if len(rows) != 2 || rows[0][1] != "list-3" || rows[1][1] != "list-2" || next == nil {
 		t.Fatalf("first page:\n%s", out)
 	}
@@ -106,3 +107,75 @@ func TestKeysList(t *testing.T) {
 		t.Errorf("keys list without -tenant: %v", err)
 	}
 }
+
+// TestKeysListNextPage: the next-page command that keys list prints, run
+// as printed, continues the listing: it repeats -admin and -limit. With
+// -json the page goes to stdout untouched and the command to stderr.
+func TestKeysListNextPage(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
+	tenant := uuid.NewString()
+	for _, key := range []string{"page-1", "page-2", "page-3"} {
+		post(t, s.proxy+"/orders", key, tenant, key)
+	}
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken} // no IDEMPROXY_ADMIN_ADDR: only -admin finds it
+	nextArgs := func(out string) []string {
+		t.Helper()
+		m := regexp.MustCompile(`(?m)^more: idemproxy keys (.*)$`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no next-page command in:\n%s", out)
+		}
+		return strings.Fields(m[1])
+	}
+	out, err := keysCmd(env, "list", "-admin", s.admin, "-tenant", tenant, "-limit", "1")
+	if err != nil || !strings.Contains(out, "page-3") {
+		t.Fatalf("first page: %v\n%s", err, out)
+	}
+	next := nextArgs(out)
+	out, err = keysCmd(env, next...)
+	if err != nil || !strings.Contains(out, "page-2") || strings.Contains(out, "page-1") {
+		t.Fatalf("keys %s: %v\n%s", strings.Join(next, " "), err, out)
+	}
+
+	var stdout, stderr bytes.Buffer
+	args := []string{"idemproxy", "keys", "list", "-json", "-admin", s.admin, "-tenant", tenant, "-limit", "2"}
+	if err := run(context.Background(), args, mapEnv(env), &stdout, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	var page struct {
+		Keys []struct{ Key string }
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &page); err != nil || len(page.Keys) != 2 {
+		t.Fatalf("-json page: %v\n%s", err, stdout.String())
+	}
+	next = nextArgs(stderr.String())
+	if !slices.Contains(next, "-json") {
+		t.Errorf("the next-page command drops -json: %s", stderr.String())
+	}
+	out, err = keysCmd(env, next...)
+	if err != nil || json.Unmarshal([]byte(out), &page) != nil || len(page.Keys) != 1 || page.Keys[0].Key != "page-1" {
+		t.Fatalf("keys %s: %v\n%s", strings.Join(next, " "), err, out)
+	}
+}
+
+// TestKeysGetTable: keys get prints a table, as keys list does; -json
+// prints the admin API's JSON.
+func TestKeysGetTable(t *testing.T) {
+	up, _ := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
+	tenant := uuid.NewString()
+	post(t, s.proxy+"/orders", "get-1", tenant, "x")
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken, "IDEMPROXY_ADMIN_ADDR": strings.TrimPrefix(s.admin, "http://")}
+	out, err := keysCmd(env, "get", "-tenant", tenant, "-key", "get-1")
+	if err != nil || !regexp.MustCompile(`(?m)^KEY\s+STATE\s+STATUS\s+CREATED\s+EXPIRES\s+COMMAND\nget-1\s+succeeded\s+201\s`).MatchString(out) {
+		t.Errorf("keys get: %v\n%s", err, out)
+	}
+	out, err = keysCmd(env, "get", "-json", "-tenant", tenant, "-key", "get-1")
+	var view struct{ Key, State string }
+	if err != nil || json.Unmarshal([]byte(out), &view) != nil || view.Key != "get-1" || view.State != "succeeded" {
+		t.Errorf("keys get -json: %v\n%s", err, out)
+	}
+}
+
+// testAdminToken is an admin token long enough to be accepted.
+const testAdminToken = "admin-token-0123456789"

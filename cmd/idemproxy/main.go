@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,9 +15,11 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,7 +74,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "migrate":
 		return runMigrate(ctx, args[2:], getenv, stdout)
 	case "keys":
-		return runKeys(ctx, args[2:], getenv, stdout)
+		return runKeys(ctx, args[2:], getenv, stdout, stderr)
 	case "healthcheck":
 		return healthcheck(ctx, getenv)
 	case "version":
@@ -84,6 +87,35 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		printHelp(stderr)
 		return fmt.Errorf("unknown command %q", cmd)
 	}
+}
+
+// printHelp lists the commands, and every variable with its default.
+func printHelp(w io.Writer) {
+	fmt.Fprint(w, `idemproxy: an idempotency sidecar. Requests carrying an Idempotency-Key take
+effect upstream at most once per (tenant, key).
+
+Usage:
+  idemproxy                    run the proxy (configured by the environment)
+  idemproxy demo               run the proxy in front of a bundled demo "orders" service
+                               (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
+  idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
+  idemproxy migrate up|down|status
+                               apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
+  idemproxy keys get|delete -tenant T -key K [-json] [-admin ADDR]
+                               look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
+  idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
+                               list a tenant's live keys, newest first (keys -h for more)
+  idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
+  idemproxy version            print the version
+  idemproxy --help             this text
+
+Environment:
+`)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, v := range variables() {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", v.name, cmp.Or(v.def, "-"), v.desc)
+	}
+	tw.Flush()
 }
 
 // healthcheck GETs /healthz on the local admin listener; it is the
@@ -239,15 +271,9 @@ func (c Config) server(h http.Handler, log *slog.Logger) *http.Server {
 // warnReplayWithHeaderTenant warns when replay mode hands stored responses
 // to whoever names a tenant in a header: the header is not authenticated.
 func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
-	if !strings.EqualFold(cfg.Mode, string(idempotency.ModeReplay)) {
-		return
-	}
-	for _, s := range cfg.TenantSource {
-		if strings.EqualFold(strings.TrimSpace(s), string(tenancy.SourceHeader)) {
-			log.Warn("replay mode with a header tenant source: the tenant header is not authenticated, so a client that sends another tenant's id and one of its keys (without a token) is answered that tenant's stored response; run it only behind a gateway that sets the header, or use IDEMPROXY_TENANT_SOURCE=jwt",
-				"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","), "tenant_header", cfg.TenantHeader)
-			return
-		}
+	if cfg.Mode == string(idempotency.ModeReplay) && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
+		log.Warn("replay mode with a header tenant source: the tenant header is not authenticated, so a client that sends another tenant's id and one of its keys (without a token) is answered that tenant's stored response; run it only behind a gateway that sets the header, or use IDEMPROXY_TENANT_SOURCE=jwt",
+			"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","), "tenant_header", cfg.TenantHeader)
 	}
 }
 

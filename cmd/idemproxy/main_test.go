@@ -451,16 +451,16 @@ func TestHealthcheckCommand(t *testing.T) {
 
 func TestKeysCommand(t *testing.T) {
 	up, _ := countingUpstream(t, nil)
-	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": "admin-token"})
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
 	tenant := uuid.NewString()
 	post(t, s.proxy+"/orders", "cli-1", tenant, "x")
-	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": "admin-token"}
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken}
 	keys := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := run(context.Background(), append([]string{"idemproxy", "keys"}, args...), mapEnv(env), &out, io.Discard)
 		return out.String(), err
 	}
-	out, err := keys("get", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1")
+	out, err := keys("get", "-json", "-admin", s.admin, "-tenant", tenant, "-key", "cli-1")
 	if err != nil || !strings.Contains(out, `"state":"succeeded"`) || !strings.Contains(out, `"status":201`) {
 		t.Fatalf("keys get: %q %v", out, err)
 	}
