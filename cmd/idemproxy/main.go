@@ -67,6 +67,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		}
 		logWarnings(cfg, configWarnings(environ, cfg), stdout)
 		return serve(ctx, cfg, stdout)
+	case "config":
+		return runConfig(environ, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, environ, stdout)
 	case "demo-upstream":
@@ -96,6 +98,8 @@ effect upstream at most once per (tenant, key).
 
 Usage:
   idemproxy                    run the proxy (configured by the environment)
+  idemproxy config             check the configuration in the environment and print the settings in force
+                               and the drain budget (secrets hidden)
   idemproxy demo               run the proxy in front of a bundled demo "orders" service
                                (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
   idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
