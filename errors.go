@@ -41,6 +41,7 @@ const (
 	ReasonAuthentication   = "authentication failed"
 	ReasonSchemaMissing    = "schema missing"
 	ReasonPermissionDenied = "permission denied"
+	ReasonUnknownParameter = "unknown connection parameter"
 )
 
 // MisconfiguredError is a permanent store failure. errors.Is reports true

@@ -65,6 +65,15 @@ func PermanentReason(err error) string {
 		return idemproxy.ReasonSchemaMissing
 	case "42501": // insufficient_privilege
 		return idemproxy.ReasonPermissionDenied
+	case "42704": // undefined_object
+		// At connect, a run-time parameter of the connection string the
+		// server does not know (sslmod=disable, a typo of sslmode); in a
+		// statement, a type or object the schema lacks.
+		var connect *pgconn.ConnectError
+		if errors.As(err, &connect) {
+			return idemproxy.ReasonUnknownParameter
+		}
+		return idemproxy.ReasonSchemaMissing
 	}
 	return ""
 }

@@ -103,11 +103,18 @@ func TestPostgresPermanentConnectionErrors(t *testing.T) {
 	noDatabase.Path = "/" + randomName("idemproxy_missing_")
 	noRole := *base
 	noRole.User = url.User(randomName("idemproxy_nobody_"))
+	// sslmod is sent to the server as a run-time parameter, which it does
+	// not know.
+	typo := *base
+	q := typo.Query()
+	q.Set("sslmod", "disable")
+	typo.RawQuery = q.Encode()
 	for _, tc := range []struct {
 		name, url, reason string
 	}{
 		{"database does not exist", noDatabase.String(), idemproxy.ReasonDatabaseMissing},
 		{"role does not exist", noRole.String(), idemproxy.ReasonAuthentication},
+		{"unknown parameter", typo.String(), idemproxy.ReasonUnknownParameter},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPostgres(t, Options{URL: tc.url})
