@@ -3,40 +3,76 @@
 # PostgreSQL, as a fleet puts one between many sidecars and one Postgres:
 # .ci/run's PgBouncer pass and the scaling benchmark use it.
 #
-#   scripts/pgbouncer.sh start   # installs pgbouncer if missing, starts it
-#   scripts/pgbouncer.sh stop
+#   scripts/pgbouncer.sh start   # installs pgbouncer if missing, starts one
+#   scripts/pgbouncer.sh url     # the URL idemproxy reaches it with
 #   scripts/pgbouncer.sh pools   # SHOW POOLS on its admin console
+#   scripts/pgbouncer.sh stop    # stops the one start started
 #
-# It listens on 127.0.0.1:$PGBOUNCER_PORT (6432) and passes every database
-# name to 127.0.0.1:5432, with the settings the README's "Scaling" section
-# names: pool_mode = transaction, default_pool_size = $PGBOUNCER_POOL_SIZE
-# (5), auth_type = trust on loopback, ignore_startup_parameters =
-# extra_float_digits. Nothing else is changed from PgBouncer's defaults but
-# max_client_conn, raised for the tests' many pools. idemproxy reaches it
-# with default_query_exec_mode=exec in IDEMPROXY_DATABASE_URL:
+# The instance lives in $PGBOUNCER_DIR (default /tmp/idemproxy-pgbouncer):
+# its configuration, log, pid and port. The script acts only on the
+# instance it started there: start refuses a port something else answers
+# on, and stop stops only the process whose pid file is in the folder and
+# whose command line names its configuration. It listens on
+# 127.0.0.1:$PGBOUNCER_PORT (default 6432; 0 picks a free port) and passes
+# every database name to 127.0.0.1:5432, with the settings
+# docs/stores.md ("PgBouncer in transaction mode") names: pool_mode =
+# transaction, default_pool_size = $PGBOUNCER_POOL_SIZE (5), auth_type =
+# trust on loopback, ignore_startup_parameters = extra_float_digits.
+# Nothing else is changed from PgBouncer's defaults but max_client_conn,
+# raised for the tests' many pools. idemproxy reaches it with
+# default_query_exec_mode=exec in IDEMPROXY_DATABASE_URL, as url prints:
 #   postgres://postgres@127.0.0.1:6432/test?sslmode=disable&default_query_exec_mode=exec
 set -euo pipefail
 
 dir=${PGBOUNCER_DIR:-/tmp/idemproxy-pgbouncer}
-port=${PGBOUNCER_PORT:-6432}
 pool=${PGBOUNCER_POOL_SIZE:-5}
 
-answers() { pg_isready -h 127.0.0.1 -p "$port" -q; }
+answers() { pg_isready -h 127.0.0.1 -p "$1" -q; }
 
-# ours reports whether what answers on the port is a PgBouncer pooling
-# transactions (this script's, or one configured alike).
-ours() {
-  psql -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -tA -c 'SHOW CONFIG' 2>/dev/null | grep -qx 'pool_mode|transaction|.*'
+# pooling reports whether what answers on port $1 is a PgBouncer pooling
+# transactions.
+pooling() {
+  psql -h 127.0.0.1 -p "$1" -U postgres -d pgbouncer -tA -c 'SHOW CONFIG' 2>/dev/null | grep -qx 'pool_mode|transaction|.*'
+}
+
+# running reports whether the PgBouncer this script started in $dir is
+# alive: its pid file names a process whose command line names $dir's
+# configuration.
+running() {
+  local pid
+  pid=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || return 1
+  [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$dir/pgbouncer.ini"
+}
+
+# free_port prints a loopback port nothing listens on.
+free_port() {
+  local p
+  for p in $(seq 16432 16532); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+  echo "no free port in 16432-16532" >&2
+  return 1
+}
+
+port_of() {
+  cat "$dir/port" 2>/dev/null || { echo "no PgBouncer started by this script in $dir" >&2; exit 1; }
 }
 
 case "${1:-start}" in
 start)
-  if answers; then
-    if ours; then
-      echo "pgbouncer already answers on 127.0.0.1:$port, pooling transactions"
-      exit 0
-    fi
-    echo "something else answers on 127.0.0.1:$port (not a PgBouncer in transaction mode): stop it or set PGBOUNCER_PORT" >&2
+  if running; then
+    echo "pgbouncer already running on 127.0.0.1:$(port_of), started by this script in $dir"
+    exit 0
+  fi
+  port=${PGBOUNCER_PORT:-6432}
+  if [ "$port" = 0 ]; then
+    port=$(free_port)
+  fi
+  if answers "$port"; then
+    echo "something this script did not start (in $dir) answers on 127.0.0.1:$port: stop it, or set PGBOUNCER_PORT (0 picks a free port)" >&2
     exit 1
   fi
   if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
@@ -68,6 +104,7 @@ logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 EOF
   echo '"postgres" ""' >"$dir/userlist.txt"
+  echo "$port" >"$dir/port"
   # PgBouncer refuses to run as root.
   if [ "$(id -u)" = 0 ]; then
     chown -R postgres "$dir"
@@ -75,24 +112,33 @@ EOF
   else
     "$bin" -d "$dir/pgbouncer.ini"
   fi
-  for _ in $(seq 1 50); do answers && break; sleep 0.1; done
-  if ! answers || ! kill -0 "$(cat "$dir/pgbouncer.pid" 2>/dev/null)" 2>/dev/null || ! ours; then
+  for _ in $(seq 1 50); do answers "$port" && break; sleep 0.1; done
+  if ! answers "$port" || ! running || ! pooling "$port"; then
     echo "pgbouncer did not start; its log:" >&2
     cat "$dir/pgbouncer.log" >&2
     exit 1
   fi
   echo "pgbouncer $("$bin" --version | head -1) on 127.0.0.1:$port, transaction pooling, $pool server connections per database"
   ;;
-stop)
-  if [ -f "$dir/pgbouncer.pid" ]; then
-    kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true
-  fi
+url)
+  echo "postgres://postgres@127.0.0.1:$(port_of)/test?sslmode=disable&default_query_exec_mode=exec"
   ;;
 pools)
-  psql -h 127.0.0.1 -p "$port" -U postgres -d pgbouncer -c 'SHOW POOLS'
+  psql -h 127.0.0.1 -p "$(port_of)" -U postgres -d pgbouncer -c 'SHOW POOLS'
+  ;;
+stop)
+  if ! running; then
+    echo "no PgBouncer started by this script runs in $dir; nothing stopped"
+    exit 0
+  fi
+  pid=$(cat "$dir/pgbouncer.pid")
+  kill "$pid"
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$dir/pgbouncer.ini" "$dir/userlist.txt" "$dir/port"
+  echo "pgbouncer stopped"
   ;;
 *)
-  echo "usage: $0 start|stop|pools" >&2
+  echo "usage: $0 start|url|pools|stop" >&2
   exit 2
   ;;
 esac
