@@ -3,9 +3,13 @@ package migrations_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -81,12 +85,12 @@ func TestMigrateBesideHostApplication(t *testing.T) {
 	hostApplication(t, dbURL)
 	before := versionRows(t, dbURL, "goose_db_version")
 
-	var out bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out); err != nil {
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil)
+	if err != nil {
 		t.Fatalf("migrate up: %v", err)
 	}
-	if !strings.Contains(out.String(), "up 00001_idempotency_keys.sql") {
-		t.Errorf("migrate up said %q, want it to apply 00001", out.String())
+	if !ran(res, 1, "00001_idempotency_keys.sql") {
+		t.Errorf("migrate up ran %+v, want it to apply 00001", res.Ran)
 	}
 	checkSchema(t, dbURL, true)
 	if got := versionRows(t, dbURL, "goose_db_version"); strings.Join(got, " ") != strings.Join(before, " ") {
@@ -140,15 +144,15 @@ func TestMigrateAdoptsLegacyInstall(t *testing.T) {
 	}
 	before := versionRows(t, dbURL, "goose_db_version")
 
-	var out bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out); err != nil {
-		t.Fatalf("migrate up over the legacy install: %v\n%s", err, out.String())
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil)
+	if err != nil {
+		t.Fatalf("migrate up over the legacy install: %v (%+v)", err, res)
 	}
-	if !strings.Contains(out.String(), "recognised an install migrated through goose_db_version") {
-		t.Errorf("migrate up said %q, want it to report the adoption", out.String())
+	if !res.Adopted {
+		t.Errorf("migrate up returned %+v, want it to report the adoption", res)
 	}
-	if strings.Contains(out.String(), "00001") {
-		t.Errorf("migrate up ran 00001 again: %q", out.String())
+	if ran(res, 1, "") {
+		t.Errorf("migrate up ran 00001 again: %+v", res.Ran)
 	}
 	checkSchema(t, dbURL, true)
 	want := []string{"0:true", "1:true", "2:true"}
@@ -164,50 +168,62 @@ func TestMigrateAdoptsLegacyInstall(t *testing.T) {
 	}
 	storetest.CheckRecord(t, e, c, 201, nil)
 
-	out.Reset()
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out); err != nil {
+	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Up, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "no migrations to apply") || strings.Contains(out.String(), "recognised") {
-		t.Errorf("a second migrate up said %q, want nothing to do", out.String())
+	if len(res.Ran) != 0 || res.Adopted || res.Version != int64(migrationCount(t)) {
+		t.Errorf("a second migrate up returned %+v, want nothing to do at version %d", res, migrationCount(t))
 	}
 }
 
+// ran reports whether res ran migration version, from the file path
+// unless path is empty.
+func ran(res migrations.Result, version int64, path string) bool {
+	return slices.ContainsFunc(res.Ran, func(a migrations.Applied) bool {
+		return a.Version == version && (path == "" || a.Path == path)
+	})
+}
+
 // migrateTogether runs n migrations up against dbURL at once, as replicas
-// starting together do, and returns what each said.
-func migrateTogether(t *testing.T, dbURL string, n int, opts ...migrations.Option) []string {
+// starting together do, and returns what each did.
+func migrateTogether(t *testing.T, dbURL string, n int, opts ...migrations.Option) []migrations.Result {
 	t.Helper()
-	outs := make([]bytes.Buffer, n)
+	results := make([]migrations.Result, n)
 	var wg sync.WaitGroup
-	for i := range outs {
+	for i := range results {
 		wg.Go(func() {
-			if err := migrations.Migrate(t.Context(), dbURL, "up", &outs[i], opts...); err != nil {
+			var err error
+			if results[i], err = migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, opts...); err != nil {
 				t.Errorf("migration %d: %v", i, err)
 			}
 		})
 	}
 	wg.Wait()
-	said := make([]string, n)
-	for i := range outs {
-		said[i] = outs[i].String()
-	}
-	return said
+	return results
 }
 
-// countSaid counts s in what the migrations said, and logs all of it when
+// count counts the results for which did holds, and logs them all when
 // the count is not want.
-func countSaid(t *testing.T, said []string, s string, want int) int {
+func count(t *testing.T, results []migrations.Result, did func(migrations.Result) bool, want int) int {
 	t.Helper()
 	n := 0
-	for _, out := range said {
-		n += strings.Count(out, s)
+	for _, res := range results {
+		if did(res) {
+			n++
+		}
 	}
 	if n != want {
-		for i, out := range said {
-			t.Logf("migration %d said: %s", i, out)
+		for i, res := range results {
+			t.Logf("migration %d: %+v", i, res)
 		}
 	}
 	return n
+}
+
+// applied returns whether a result ran migration version.
+func applied(version int64) func(migrations.Result) bool {
+	return func(res migrations.Result) bool { return ran(res, version, "") }
 }
 
 // TestMigrateAdoptsLegacyInstallConcurrently: replicas upgraded together
@@ -215,10 +231,11 @@ func countSaid(t *testing.T, said []string, s string, want int) int {
 func TestMigrateAdoptsLegacyInstallConcurrently(t *testing.T) {
 	dbURL := pgtest.Schema(t)
 	legacyInstall(t, dbURL)
-	said := migrateTogether(t, dbURL, 4)
-	adopted, applied := countSaid(t, said, "recognised an install", 1), countSaid(t, said, "up 00002_", 1)
-	if adopted != 1 || applied != 1 {
-		t.Errorf("adopted %d times and applied 00002 %d times, want once each", adopted, applied)
+	results := migrateTogether(t, dbURL, 4)
+	adopted := count(t, results, func(res migrations.Result) bool { return res.Adopted }, 1)
+	second := count(t, results, applied(2), 1)
+	if adopted != 1 || second != 1 {
+		t.Errorf("adopted %d times and applied 00002 %d times, want once each", adopted, second)
 	}
 	checkSchema(t, dbURL, true)
 }
@@ -229,14 +246,14 @@ func TestMigrateAdoptsLegacyInstallConcurrently(t *testing.T) {
 func TestMigrateStatusThenUpOnLegacyInstall(t *testing.T) {
 	dbURL := pgtest.Schema(t)
 	legacyInstall(t, dbURL)
-	var status bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "status", &status); err != nil {
+	status, err := migrations.Migrate(t.Context(), dbURL, migrations.Status, nil)
+	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	if !strings.Contains(status.String(), "00001_idempotency_keys.sql") || !strings.Contains(status.String(), "pending") {
-		t.Errorf("status = %q, want 00001 applied and 00002 pending", status.String())
+	if got := states(status); got != "1:applied 2:pending" {
+		t.Errorf("status = %s, want 00001 applied and 00002 pending", got)
 	}
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatalf("up after status: %v", err)
 	}
 	checkSchema(t, dbURL, true)
@@ -251,13 +268,12 @@ func TestMigrateDoesNotAdoptAForeignTable(t *testing.T) {
 	hostApplication(t, dbURL)
 	pgtest.Exec(t, dbURL, `CREATE TABLE idempotency_keys (id int)`)
 	before := versionRows(t, dbURL, "goose_db_version")
-	var out bytes.Buffer
-	err := migrations.Migrate(t.Context(), dbURL, "up", &out)
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil)
 	if err == nil || errors.Is(err, idemproxy.ErrUnavailable) || !strings.Contains(err.Error(), "version:1") {
 		t.Errorf("got %v, want migration 1 to fail", err)
 	}
-	if strings.Contains(out.String(), "recognised") {
-		t.Errorf("the foreign table was adopted: %q", out.String())
+	if res.Adopted || len(res.Ran) != 0 {
+		t.Errorf("the foreign table was adopted or a migration ran: %+v", res)
 	}
 	if got := versionRows(t, dbURL, "goose_db_version"); strings.Join(got, " ") != strings.Join(before, " ") {
 		t.Errorf("goose_db_version changed: %v, was %v", got, before)
@@ -269,34 +285,38 @@ func TestMigrateDoesNotAdoptAForeignTable(t *testing.T) {
 // again.
 func TestMigrateConcurrently(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	if applied := countSaid(t, migrateTogether(t, dbURL, 4), "up 00001_idempotency_keys.sql", 1); applied != 1 {
-		t.Errorf("the first migration was applied %d times, want once", applied)
+	if n := count(t, migrateTogether(t, dbURL, 4), applied(1), 1); n != 1 {
+		t.Errorf("the first migration was applied %d times, want once", n)
 	}
 	checkSchema(t, dbURL, true)
 
-	var status bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "status", &status); err != nil {
+	status, err := migrations.Migrate(t.Context(), dbURL, migrations.Status, nil)
+	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	if !strings.Contains(status.String(), "applied") {
-		t.Errorf("status does not report the migration applied:\n%s", status.String())
+	if got := states(status); got != "1:applied 2:applied" || status.Version != 2 {
+		t.Errorf("status = %s at version %d, want every migration applied, at version 2", got, status.Version)
 	}
 
-	for range migrationCount(t) {
-		if err := migrations.Migrate(t.Context(), dbURL, "down", nil); err != nil {
+	for v := int64(migrationCount(t)); v > 0; v-- {
+		res, err := migrations.Migrate(t.Context(), dbURL, migrations.Down, nil)
+		if err != nil {
 			t.Fatalf("down: %v", err)
+		}
+		if len(res.Ran) != 1 || res.Ran[0].Version != v || res.Ran[0].Direction != migrations.Down || res.Version != v-1 {
+			t.Errorf("down from version %d returned %+v, want %d rolled back", v, res, v)
 		}
 	}
 	checkSchema(t, dbURL, false)
-	var again bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "down", &again); err != nil {
+	again, err := migrations.Migrate(t.Context(), dbURL, migrations.Down, nil)
+	if err != nil {
 		t.Errorf("down with nothing applied: %v", err)
 	}
-	if !strings.Contains(again.String(), "no migrations") {
-		t.Errorf("down with nothing applied says %q", again.String())
+	if len(again.Ran) != 0 || again.Version != 0 {
+		t.Errorf("down with nothing applied returned %+v", again)
 	}
 
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
 	checkSchema(t, dbURL, true)
@@ -339,9 +359,36 @@ func migrationCount(t *testing.T) int {
 	return len(names)
 }
 
+// states lists a Status result's migrations as "1:applied 2:pending".
+func states(res migrations.Result) string {
+	var s []string
+	for _, m := range res.Migrations {
+		state := "pending"
+		if m.Applied {
+			state = "applied"
+			if m.AppliedAt.IsZero() {
+				state = "applied-at-zero"
+			}
+		}
+		s = append(s, fmt.Sprintf("%d:%s", m.Version, state))
+	}
+	return strings.Join(s, " ")
+}
+
+func TestParseDirection(t *testing.T) {
+	for _, d := range []migrations.Direction{migrations.Up, migrations.Down, migrations.Status} {
+		if got, err := migrations.ParseDirection(d.String()); got != d || err != nil {
+			t.Errorf("ParseDirection(%q) = %v, %v; want %v", d.String(), got, err, d)
+		}
+	}
+	if _, err := migrations.ParseDirection("sideways"); err == nil || !strings.Contains(err.Error(), "sideways") {
+		t.Errorf("got %v, want an error naming the direction", err)
+	}
+}
+
 func TestMigrateRejectsUnknownDirection(t *testing.T) {
-	err := migrations.Migrate(t.Context(), "postgres://127.0.0.1:1/x", "sideways", nil)
-	if err == nil || !strings.Contains(err.Error(), "sideways") {
+	_, err := migrations.Migrate(t.Context(), "postgres://127.0.0.1:1/x", migrations.Direction(7), nil)
+	if err == nil || !strings.Contains(err.Error(), "Direction(7)") {
 		t.Errorf("got %v, want an error naming the direction", err)
 	}
 }
@@ -349,7 +396,133 @@ func TestMigrateRejectsUnknownDirection(t *testing.T) {
 func TestMigrateDatabaseDown(t *testing.T) {
 	fn, dbURL := pgtest.Faultnet(t, pgtest.URL(t))
 	fn.Cut()
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); !errors.Is(err, idemproxy.ErrUnavailable) {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); !errors.Is(err, idemproxy.ErrUnavailable) {
 		t.Errorf("migrate with the database down: got %v, want ErrUnavailable", err)
+	}
+}
+
+// logRecords decodes the JSON log records in buf, leaving out the time.
+func logRecords(t *testing.T, buf *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var records []map[string]any
+	for line := range strings.Lines(buf.String()) {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		delete(r, "time")
+		records = append(records, r)
+	}
+	buf.Reset()
+	return records
+}
+
+// TestMigrateLogs: Migrate logs what it does at Info and what it left
+// undone at Warn, as attributes, the same facts its Result holds, and names
+// no IDEMPROXY_* variable (the sidecar maps the "setting" attribute).
+func TestMigrateLogs(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	type want struct {
+		level, msg string
+		attrs      map[string]any // besides "duration", which every migration run has
+	}
+	check := func(step string, res migrations.Result, wants ...want) {
+		t.Helper()
+		got := logRecords(t, &buf)
+		if len(got) != len(wants) {
+			t.Errorf("%s logged %v, want %d records", step, got, len(wants))
+			return
+		}
+		for i, w := range wants {
+			r := got[i]
+			if _, ok := r["duration"].(float64); ok {
+				delete(r, "duration")
+			} else if strings.HasPrefix(w.msg, "migration ") {
+				t.Errorf("%s: record %v has no duration", step, r)
+			}
+			wantRecord := map[string]any{"level": w.level, "msg": w.msg}
+			maps.Copy(wantRecord, w.attrs)
+			if fmt.Sprint(r) != fmt.Sprint(wantRecord) {
+				t.Errorf("%s: record %d = %v, want %v", step, i, r, wantRecord)
+			}
+			if strings.Contains(fmt.Sprint(r), "IDEMPROXY_") {
+				t.Errorf("%s: record %v names a variable", step, r)
+			}
+		}
+		if strings.Contains(strings.Join(res.Warnings, " "), "IDEMPROXY_") {
+			t.Errorf("%s: warnings %q name a variable", step, res.Warnings)
+		}
+	}
+
+	dbURL := pgtest.Schema(t)
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, log, migrations.Partitions(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("up", res,
+		want{"INFO", "migration applied", map[string]any{"version": 1.0, "file": "00001_idempotency_keys_partitioned.go"}},
+		want{"INFO", "idempotency_keys created partitioned by hash of tenant_id", map[string]any{"partitions": 2.0}},
+		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}})
+	if res.Version != 2 || res.Partitions != 2 || len(res.Ran) != 2 || res.Ran[1].Path != "00002_idempotency_keys_tenant_created_partitioned.go" {
+		t.Errorf("up returned %+v", res)
+	}
+
+	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Up, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("up again", res, want{"INFO", "no migrations to apply", map[string]any{"version": 2.0}})
+
+	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Down, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("down", res, want{"INFO", "migration rolled back",
+		map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}})
+
+	plain := pgtest.Schema(t)
+	if _, err := migrations.Migrate(t.Context(), plain, migrations.Up, nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err = migrations.Migrate(t.Context(), plain, migrations.Up, log, migrations.Partitions(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const warning = "idempotency_keys exists and is not partitioned: 4 partitions apply only when the table is created"
+	check("up with partitions on a plain table", res,
+		want{"WARN", warning, map[string]any{"setting": "migrations.Partitions", "partitions": 4.0}},
+		want{"INFO", "no migrations to apply", map[string]any{"version": 2.0}})
+	if !slices.Equal(res.Warnings, []string{warning}) {
+		t.Errorf("warnings %q, want %q", res.Warnings, warning)
+	}
+
+	legacy := pgtest.Schema(t)
+	legacyInstall(t, legacy)
+	res, err = migrations.Migrate(t.Context(), legacy, migrations.Up, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("up over a legacy install", res,
+		want{"INFO", "recognised an install migrated through goose_db_version; its version recorded in idemproxy_goose_version",
+			map[string]any{"version": 1.0, "version_table": "idemproxy_goose_version", "left_unchanged": "goose_db_version"}},
+		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created.sql"}})
+	if !res.Adopted || res.Version != 2 {
+		t.Errorf("up over a legacy install returned %+v", res)
+	}
+}
+
+// TestMigrateFailureKeepsWhatRan: when a migration fails, the Result lists
+// those that ran before it.
+func TestMigrateFailureKeepsWhatRan(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	// A table with the name of 00002's index makes 00002 fail after 00001.
+	pgtest.Exec(t, dbURL, "CREATE TABLE idempotency_keys_tenant_created_idx (x int)")
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil)
+	if err == nil || errors.Is(err, idemproxy.ErrUnavailable) || !strings.Contains(err.Error(), "version:2") {
+		t.Fatalf("got %v, want migration 2 to fail", err)
+	}
+	if len(res.Ran) != 1 || res.Ran[0].Version != 1 || res.Version != 1 {
+		t.Errorf("migrate up returned %+v, want 00001 applied before the failure", res)
 	}
 }

@@ -25,9 +25,9 @@ const MaxPartitions = 1024
 // PARTITION BY HASH (tenant_id) with n partitions, idempotency_keys_p0 …
 // idempotency_keys_p<n-1> (IDEMPROXY_DB_PARTITIONS). Zero, the default,
 // creates a plain table. It applies only when the table is created: an
-// existing table is never changed (Migrate says so in its output when n is
-// set and the table exists unpartitioned); docs/stores.md ("Partitioned by tenant") shows how to
-// move an existing table over by hand.
+// existing table is never changed (Migrate returns and logs a warning when
+// n is set and the table exists unpartitioned); docs/stores.md
+// "Partitioned by tenant" shows how to move an existing table over by hand.
 func Partitions(n int) Option { return func(o *options) { o.partitions = n } }
 
 // Every statement of the store names tenant_id, the partition key, so on a

@@ -1,7 +1,6 @@
 package migrations_test
 
 import (
-	"bytes"
 	"net/url"
 	"os"
 	"os/exec"
@@ -33,12 +32,12 @@ func partitions(t *testing.T, dbURL string) []string {
 // so.
 func TestMigratePartitioned(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	var out bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out, migrations.Partitions(4)); err != nil {
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(4))
+	if err != nil {
 		t.Fatalf("migrate up: %v", err)
 	}
-	if !strings.Contains(out.String(), "partitioned by hash of tenant_id into 4 partitions") {
-		t.Errorf("migrate up said %q, want it to name the partitioning", out.String())
+	if res.Partitions != 4 {
+		t.Errorf("migrate up returned %+v, want it to report 4 partitions", res)
 	}
 	if got := pgtest.Query[string](t, dbURL, `SELECT pg_get_partkeydef(to_regclass('idempotency_keys'))`); got != "HASH (tenant_id)" {
 		t.Errorf("partition key %q, want HASH (tenant_id)", got)
@@ -64,23 +63,23 @@ func TestMigratePartitioned(t *testing.T) {
 		t.Errorf("40 tenants' rows are in %d partitions, want all 4", n)
 	}
 
-	out.Reset()
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out, migrations.Partitions(8)); err != nil {
+	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(8))
+	if err != nil {
 		t.Fatalf("second migrate up: %v", err)
 	}
-	if !strings.Contains(out.String(), "no migrations to apply") || strings.Contains(out.String(), "warning") {
-		t.Errorf("second migrate up said %q, want nothing to do and no warning", out.String())
+	if len(res.Ran) != 0 || len(res.Warnings) != 0 || res.Partitions != 0 {
+		t.Errorf("second migrate up returned %+v, want nothing to do and no warning", res)
 	}
 	// Down to nothing and up again without Partitions: migration 00002
 	// on the way down, and whatever else runs on the existing
 	// partitioned table, must not use CONCURRENTLY, which it refuses.
 	for range migrationCount(t) {
-		if err := migrations.Migrate(t.Context(), dbURL, "down", nil); err != nil {
+		if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Down, nil); err != nil {
 			t.Fatalf("migrate down: %v", err)
 		}
 	}
 	checkSchema(t, dbURL, false)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil, migrations.Partitions(2)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(2)); err != nil {
 		t.Fatalf("migrate up again: %v", err)
 	}
 	if got := partitions(t, dbURL); len(got) != 2 {
@@ -112,10 +111,10 @@ func describeTable(t *testing.T, dbURL string) []string {
 // two forms of migrations 00001 and 00002 cannot drift apart.
 func TestPartitionedSchemaMatches(t *testing.T) {
 	plain, partitioned := pgtest.Schema(t), pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), plain, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), plain, migrations.Up, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := migrations.Migrate(t.Context(), partitioned, "up", nil, migrations.Partitions(3)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), partitioned, migrations.Up, nil, migrations.Partitions(3)); err != nil {
 		t.Fatal(err)
 	}
 	want, got := describeTable(t, plain), describeTable(t, partitioned)
@@ -131,20 +130,21 @@ func TestPartitionedSchemaMatches(t *testing.T) {
 // idempotency_keys exists unpartitioned changes nothing and says so.
 func TestMigratePartitionsLeaveExistingTable(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out, migrations.Partitions(4)); err != nil {
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(4))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "warning: idempotency_keys exists and is not partitioned") {
-		t.Errorf("migrate up said %q, want a warning that the partitions were not applied", out.String())
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "idempotency_keys exists and is not partitioned") ||
+		res.Partitions != 0 {
+		t.Errorf("migrate up returned %+v, want a warning that the partitions were not applied", res)
 	}
 	if got := partitions(t, dbURL); len(got) != 0 {
 		t.Errorf("the existing table gained partitions %q", got)
 	}
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil, migrations.Partitions(migrations.MaxPartitions+1)); err == nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(migrations.MaxPartitions+1)); err == nil {
 		t.Error("more than MaxPartitions partitions were accepted")
 	}
 }
@@ -153,8 +153,12 @@ func TestMigratePartitionsLeaveExistingTable(t *testing.T) {
 // empty database, all with Partitions, create the table once.
 func TestMigratePartitionedConcurrently(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	if created := countSaid(t, migrateTogether(t, dbURL, 3, migrations.Partitions(4)), "up 00001", 1); created != 1 {
+	results := migrateTogether(t, dbURL, 3, migrations.Partitions(4))
+	if created := count(t, results, applied(1), 1); created != 1 {
 		t.Errorf("00001 applied %d times, want once", created)
+	}
+	if n := count(t, results, func(res migrations.Result) bool { return res.Partitions == 4 }, 1); n != 1 {
+		t.Errorf("%d runs report creating 4 partitions, want one", n)
 	}
 	if got := partitions(t, dbURL); len(got) != 4 {
 		t.Errorf("partitions %q, want 4", got)
@@ -176,7 +180,7 @@ func TestPartitionExistingScript(t *testing.T) {
 		t.Skip("psql is not on PATH")
 	}
 	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatal(err)
 	}
 	schema := pgtest.Query[string](t, dbURL, "SELECT current_schema()")
@@ -233,7 +237,7 @@ func TestPartitionExistingScript(t *testing.T) {
 		t.Errorf("partitions after the script: %q, want 4", got)
 	}
 	fresh := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), fresh, "up", nil, migrations.Partitions(4)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), fresh, migrations.Up, nil, migrations.Partitions(4)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := describeTable(t, dbURL), describeTable(t, fresh); !slices.Equal(got, want) {
@@ -258,11 +262,11 @@ func TestPartitionExistingScript(t *testing.T) {
 	if res := storetest.MustClaim(t, p, storetest.NewClaim(tenant, "expired", "x")); !res.Claimed {
 		t.Error("the expired record still holds its key")
 	}
-	var out bytes.Buffer
-	if err := migrations.Migrate(t.Context(), dbURL, "up", &out, migrations.Partitions(4)); err != nil {
+	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(4))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "no migrations to apply") || strings.Contains(out.String(), "warning") {
-		t.Errorf("migrate up after the script said %q, want nothing to do", out.String())
+	if len(res.Ran) != 0 || len(res.Warnings) != 0 {
+		t.Errorf("migrate up after the script returned %+v, want nothing to do", res)
 	}
 }

@@ -336,7 +336,7 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*postg
 		drop()
 		return nil, "", nil, err
 	}
-	if err := migrations.Migrate(ctx, dbURL, "up", io.Discard); err != nil {
+	if _, err := migrations.Migrate(ctx, dbURL, migrations.Up, nil); err != nil {
 		drop()
 		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
 	}

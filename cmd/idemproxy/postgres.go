@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,7 +119,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 
 	if cfg.Migrate {
 		s.migrate = startStep{store: "postgres", what: "migrations", try: func(ctx context.Context) error {
-			if err := migrations.Migrate(ctx, cfg.DatabaseURL, "up", migrationLog{log},
+			if _, err := migrations.Migrate(ctx, cfg.DatabaseURL, migrations.Up, migrationLogger(log),
 				migrations.Partitions(cfg.DBPartitions)); err != nil {
 				return err
 			}
@@ -159,20 +160,44 @@ func warnStatementTimeout(ctx context.Context, pg *postgres.Store, log *slog.Log
 	}
 }
 
-// migrationLog turns the lines Migrate writes into log records: a line
-// starting "warning: " into a warning.
-type migrationLog struct{ log *slog.Logger }
+// migrationVariables maps the settings of package migrations that its
+// log records name (attribute "setting") to the variables that set them.
+var migrationVariables = map[string]string{
+	"migrations.Partitions": "IDEMPROXY_DB_PARTITIONS",
+}
 
-func (m migrationLog) Write(p []byte) (int, error) {
-	for line := range strings.Lines(string(p)) {
-		line = strings.TrimSpace(line)
-		if warning, ok := strings.CutPrefix(line, "warning: "); ok {
-			m.log.Warn("postgres migration: "+warning, "variable", "IDEMPROXY_DB_PARTITIONS")
-		} else if line != "" {
-			m.log.Info("postgres migration", "result", line)
+// migrationLogger is log for migrations.Migrate: a record that names one of
+// its settings names the variable that sets it too (attribute "variable").
+func migrationLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(variableHandler{log.Handler()})
+}
+
+// variableHandler adds to a record with a "setting" attribute in
+// migrationVariables the variable that sets it.
+type variableHandler struct{ slog.Handler }
+
+func (h variableHandler) Handle(ctx context.Context, r slog.Record) error {
+	var variable string
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "setting" {
+			variable = migrationVariables[a.Value.String()]
+			return false
 		}
+		return true
+	})
+	if variable != "" {
+		r = r.Clone()
+		r.AddAttrs(slog.String("variable", variable))
 	}
-	return len(p), nil
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h variableHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return variableHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h variableHandler) WithGroup(name string) slog.Handler {
+	return variableHandler{h.Handler.WithGroup(name)}
 }
 
 // runMigrate is the migrate command: args are the words after "migrate",
@@ -184,7 +209,11 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
-	if len(args) != 1 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
+	if len(args) != 1 {
+		return errors.New(usage)
+	}
+	dir, err := migrations.ParseDirection(args[0])
+	if err != nil {
 		return errors.New(usage)
 	}
 	dbURL := getenv("IDEMPROXY_DATABASE_URL")
@@ -202,8 +231,53 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		partitions = n
 	}
-	if err := migrations.Migrate(ctx, dbURL, args[0], stdout, migrations.Partitions(partitions)); err != nil {
-		return fmt.Errorf("migrate %s: %w", args[0], err)
+	res, err := migrations.Migrate(ctx, dbURL, dir, nil, migrations.Partitions(partitions))
+	if werr := printMigration(stdout, dir, res, err == nil); err == nil {
+		err = werr
+	}
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", dir, err)
+	}
+	return nil
+}
+
+// printMigration writes what a migrate command did, res, as lines for a
+// person to read; a line starting "warning: " is something asked for that
+// was not done. complete says whether the run ended without an error: only
+// then does no migration run mean nothing to do.
+func printMigration(w io.Writer, dir migrations.Direction, res migrations.Result, complete bool) error {
+	if res.Adopted {
+		fmt.Fprintf(w, "recognised an install migrated through goose_db_version: its version recorded in %s (goose_db_version left unchanged)\n",
+			migrations.VersionTable)
+	}
+	for _, warning := range res.Warnings {
+		fmt.Fprintf(w, "warning: %s\n", warning)
+	}
+	for _, r := range res.Ran {
+		fmt.Fprintf(w, "%s %s (%s)\n", r.Direction, r.Path, r.Duration.Round(time.Millisecond))
+	}
+	if res.Partitions > 0 {
+		fmt.Fprintf(w, "idempotency_keys is partitioned by hash of tenant_id into %d partitions\n", res.Partitions)
+	}
+	if !complete {
+		return nil
+	}
+	switch {
+	case dir == migrations.Up && len(res.Ran) == 0:
+		fmt.Fprintf(w, "no migrations to apply; at version %d\n", res.Version)
+	case dir == migrations.Down && len(res.Ran) == 0:
+		fmt.Fprintln(w, "no migrations to roll back")
+	case dir == migrations.Status:
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE")
+		for _, m := range res.Migrations {
+			state, at := "pending", "-"
+			if m.Applied {
+				state, at = "applied", m.AppliedAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", m.Version, state, at, m.Path)
+		}
+		return tw.Flush()
 	}
 	return nil
 }

@@ -95,6 +95,7 @@ func TestRunMigrate(t *testing.T) {
 	env := envOf(map[string]string{"IDEMPROXY_DATABASE_URL": dbURL})
 	for _, step := range []struct{ cmd, want string }{
 		{"status", "pending"},
+		{"status", "VERSION  STATE    APPLIED AT  FILE"},
 		{"up", "up 00001_idempotency_keys.sql"},
 		{"up", "no migrations to apply; at version 2"},
 		{"status", "applied"},
@@ -109,6 +110,74 @@ func TestRunMigrate(t *testing.T) {
 		}
 		if !strings.Contains(out.String(), step.want) {
 			t.Errorf("migrate %s said %q, want %q in it", step.cmd, out.String(), step.want)
+		}
+	}
+}
+
+// TestRunMigratePartitions: migrate up with IDEMPROXY_DB_PARTITIONS says
+// it partitioned the table it created, and warns when the table exists
+// unpartitioned; the status table lists every migration.
+func TestRunMigratePartitions(t *testing.T) {
+	partitioned, plain := pgtest.Schema(t), pgtest.Schema(t)
+	for _, step := range []struct {
+		url, cmd, partitions string
+		want                 []string
+	}{
+		{partitioned, "up", "4", []string{
+			"up 00001_idempotency_keys_partitioned.go (",
+			"idempotency_keys is partitioned by hash of tenant_id into 4 partitions\n",
+		}},
+		{partitioned, "status", "", []string{
+			"VERSION  STATE    APPLIED AT",
+			"1        applied  ",
+			"  00002_idempotency_keys_tenant_created_partitioned.go\n",
+		}},
+		{plain, "up", "", []string{"up 00002_idempotency_keys_tenant_created.sql ("}},
+		{plain, "up", "4", []string{
+			"warning: idempotency_keys exists and is not partitioned: 4 partitions apply only when the table is created\n",
+			"no migrations to apply; at version 2\n",
+		}},
+	} {
+		var out bytes.Buffer
+		env := envOf(map[string]string{"IDEMPROXY_DATABASE_URL": step.url, "IDEMPROXY_DB_PARTITIONS": step.partitions})
+		if err := runMigrate(t.Context(), []string{step.cmd}, env, &out); err != nil {
+			t.Fatalf("migrate %s: %v", step.cmd, err)
+		}
+		for _, want := range step.want {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("migrate %s (partitions %q) said %q, want %q in it", step.cmd, step.partitions, out.String(), want)
+			}
+		}
+	}
+}
+
+// TestOpenPostgresPartitionsWarning: with IDEMPROXY_DB_PARTITIONS set and
+// the table already there unpartitioned, the server starts and logs a
+// warning naming the variable; the migrations' other records do not.
+func TestOpenPostgresPartitionsWarning(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	cfg := testPostgresConfig(dbURL)
+	for _, partitions := range []int{0, 4} {
+		cfg.DBPartitions = partitions
+		var logs bytes.Buffer
+		_, closeStore, err := openPostgres(t.Context(), cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeStore()
+		var warned, named int
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, "IDEMPROXY_DB_PARTITIONS") {
+				named++
+			}
+			if strings.Contains(line, `"level":"WARN","msg":"idempotency_keys exists and is not partitioned`) &&
+				strings.Contains(line, `"variable":"IDEMPROXY_DB_PARTITIONS"`) {
+				warned++
+			}
+		}
+		if want := min(partitions, 1); warned != want || named != want {
+			t.Errorf("partitions %d: %d warnings naming IDEMPROXY_DB_PARTITIONS in %d records naming it, want %d; logs:\n%s",
+				partitions, warned, named, want, logs.String())
 		}
 	}
 }
@@ -305,7 +374,7 @@ func TestReplicasStartTogether(t *testing.T) {
 	applied := 0
 	for _, r := range replicas {
 		waitReady(t, r.admin)
-		applied += strings.Count(r.logs.String(), "up 00001_idempotency_keys")
+		applied += strings.Count(r.logs.String(), `"msg":"migration applied","version":1,`)
 	}
 	if applied != 1 {
 		for i, r := range replicas {

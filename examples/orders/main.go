@@ -100,7 +100,7 @@ func openStore(ctx context.Context, databaseURL, redisURL string, log *slog.Logg
 		m := memory.New(memory.Options{})
 		return m, func() { m.Close() }, nil
 	}
-	if err := migrations.Migrate(ctx, databaseURL, "up", io.Discard); err != nil {
+	if _, err := migrations.Migrate(ctx, databaseURL, migrations.Up, log); err != nil {
 		return nil, nil, err
 	}
 	pg, err := postgres.New(ctx, postgres.Options{URL: databaseURL, Logger: log})

@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -55,7 +54,7 @@ func URL(t testing.TB) string {
 		dbURL = cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
 		var n int
 		if n, dbErr = partitions(); dbErr == nil {
-			dbErr = migrations.Migrate(context.Background(), dbURL, "up", io.Discard, migrations.Partitions(n))
+			_, dbErr = migrations.Migrate(context.Background(), dbURL, migrations.Up, nil, migrations.Partitions(n))
 		}
 	})
 	if dbErr == nil {
@@ -148,7 +147,7 @@ func Schema(t testing.TB) string {
 func MigratedSchema(t testing.TB) string {
 	t.Helper()
 	dbURL := Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", io.Discard, MigrateOptions(t)...); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, MigrateOptions(t)...); err != nil {
 		t.Fatalf("migrate up: %v", err)
 	}
 	return dbURL

@@ -49,7 +49,7 @@ func TestPostgresPingChecksSchema(t *testing.T) {
 	_, err = p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 	wantMisconfigured(t, "claim without the table", err, idemproxy.ReasonSchemaMissing)
 
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Ping(t.Context()); err != nil {
@@ -121,13 +121,14 @@ func TestPostgresPermanentConnectionErrors(t *testing.T) {
 			wantMisconfigured(t, "ping", p.Ping(t.Context()), tc.reason)
 			_, err := p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 			wantMisconfigured(t, "claim", err, tc.reason)
-			wantMisconfigured(t, "migrate", migrations.Migrate(t.Context(), tc.url, "up", nil), tc.reason)
+			_, err = migrations.Migrate(t.Context(), tc.url, migrations.Up, nil)
+			wantMisconfigured(t, "migrate", err, tc.reason)
 		})
 	}
 
 	fn, cutURL := pgtest.Faultnet(t, pgtest.URL(t))
 	fn.Cut()
-	err = migrations.Migrate(t.Context(), cutURL, "up", nil)
+	_, err = migrations.Migrate(t.Context(), cutURL, migrations.Up, nil)
 	if !errors.Is(err, idemproxy.ErrUnavailable) || errors.Is(err, idemproxy.ErrMisconfigured) {
 		t.Errorf("migrate with the database cut off: got %v, want a transient ErrUnavailable", err)
 	}

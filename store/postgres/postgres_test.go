@@ -302,7 +302,7 @@ func TestPostgresContract(t *testing.T) {
 	execURL := pgtest.WithParam(t, dbURL, "default_query_exec_mode", "exec")
 	// A schema of its own whose table is hash-partitioned by tenant.
 	partitionedURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), partitionedURL, "up", nil, migrations.Partitions(4)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), partitionedURL, migrations.Up, nil, migrations.Partitions(4)); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

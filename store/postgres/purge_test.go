@@ -123,7 +123,7 @@ func TestPostgresRunPurge(t *testing.T) {
 // a time.
 func TestPostgresPurgePartitioned(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil, migrations.Partitions(4)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(4)); err != nil {
 		t.Fatal(err)
 	}
 	// 64 tenants, each with 3 expired records and 2 live ones.

@@ -169,7 +169,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 	// By plan: on a table with 8 partitions by tenant, each statement
 	// touches at most one of them, the purge every one.
 	dbURL := pgtest.Schema(t)
-	if err := migrations.Migrate(t.Context(), dbURL, "up", nil, migrations.Partitions(8)); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(8)); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pgx.Connect(t.Context(), dbURL)
