@@ -221,10 +221,15 @@ func TestPartitionExistingScript(t *testing.T) {
 		cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
 		return cmd.CombinedOutput()
 	}
-	for _, bad := range []string{"0", "1025"} {
+	for _, bad := range []string{"0", "1025", "abc", "4; DROP TABLE idempotency_keys"} {
 		if out, err := script(bad); err == nil || !strings.Contains(string(out), "partitions must be between 1 and 1024") {
 			t.Errorf("partitions=%s: %v, %s; want it refused", bad, err, out)
 		}
+	}
+	noVar := exec.Command(psql, "-X", "-q", "-f", "../scripts/partition-existing.sql", base.String())
+	noVar.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
+	if out, err := noVar.CombinedOutput(); err == nil || !strings.Contains(string(out), "give the number of partitions: psql -v partitions=N") {
+		t.Errorf("without -v partitions: %v, %s; want it refused saying how to give it", err, out)
 	}
 	if got := partitions(t, dbURL); len(got) != 0 {
 		t.Fatalf("a refused run left partitions %q", got)
@@ -268,5 +273,11 @@ func TestPartitionExistingScript(t *testing.T) {
 	}
 	if len(res.Ran) != 0 || len(res.Warnings) != 0 {
 		t.Errorf("migrate up after the script returned %+v, want nothing to do", res)
+	}
+	if out, err := script("4"); err == nil || !strings.Contains(string(out), "idempotency_keys is already partitioned: nothing to do") {
+		t.Errorf("the script on a partitioned table: %v, %s; want it refused, saying so", err, out)
+	}
+	if got := partitions(t, dbURL); len(got) != 4 {
+		t.Errorf("partitions after a refused second run: %q, want the 4 of the first", got)
 	}
 }

@@ -1,6 +1,6 @@
 -- Moves an existing, unpartitioned idempotency_keys table to one
 -- PARTITION BY HASH (tenant_id), as IDEMPROXY_DB_PARTITIONS would have
--- created it (README, "Scaling"). Run it with psql, in the schema the
+-- created it (docs/stores.md, "Partitioned by tenant"). Run it with psql, in the schema the
 -- sidecars use, with the number of partitions:
 --
 --   psql "$DATABASE_URL" -v partitions=16 -f scripts/partition-existing.sql
@@ -19,10 +19,27 @@
 
 \set ON_ERROR_STOP on
 
-SELECT :partitions BETWEEN 1 AND 1024 AS partitions_ok \gset
+-- What is wrong is said before anything is changed.
+\if :{?partitions}
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'give the number of partitions: psql -v partitions=N -f scripts/partition-existing.sql (N from 1 to 1024)'; END $$;
+\endif
+SELECT :'partitions' ~ '^[0-9]{1,4}$' AS partitions_ok \gset
+\if :partitions_ok
+  SELECT :'partitions'::int BETWEEN 1 AND 1024 AS partitions_ok \gset
+\endif
 \if :partitions_ok
 \else
   DO $$ BEGIN RAISE EXCEPTION 'partitions must be between 1 and 1024 (psql -v partitions=N)'; END $$;
+\endif
+SELECT to_regclass('idempotency_keys') IS NOT NULL AS table_ok \gset
+\if :table_ok
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'no idempotency_keys table in the search path: run it with the search_path the sidecars use (PGOPTIONS=''-c search_path=...'')'; END $$;
+\endif
+SELECT relkind = 'p' AS already_partitioned FROM pg_class WHERE oid = 'idempotency_keys'::regclass \gset
+\if :already_partitioned
+  DO $$ BEGIN RAISE EXCEPTION 'idempotency_keys is already partitioned: nothing to do'; END $$;
 \endif
 
 BEGIN;
