@@ -201,6 +201,9 @@ start)
   start_time=$EPOCHREALTIME
   mkdir -p "$dir"
   : >"$state"
+  # A start that fails stops whatever of it runs; the directory stays, for
+  # its logs, until the next start or stop.
+  trap stop_nodes EXIT
   if [ "$(id -u)" = 0 ]; then chown postgres: "$dir" "$state"; fi
   as_pg test -w "$dir" || die "$dir is not writable by the user the servers run as"
   # initdb the three at once; --no-sync, as for fsync above.
@@ -233,6 +236,7 @@ start)
   workers=$(sql coordinator test -tA -c "SELECT count(*) FROM citus_get_active_worker_nodes()")
   [ "$workers" = 2 ] || die "the coordinator sees $workers active workers, not 2"
   version=$(sql coordinator test -tA -c "SELECT citus_version()" | cut -d, -f1)
+  trap - EXIT
   echo "$version: coordinator 127.0.0.1:$(port_of coordinator), workers 127.0.0.1:$(port_of worker1) and 127.0.0.1:$(port_of worker2), in $dir, started in $(elapsed "$start_time") s" >&2
   url
   ;;
