@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,12 @@ func (g *Step) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyRe
 		return nil, nil, nil
 	}
 	buf, reserved, prob := g.fillBody(w, r)
+	if prob == nil && hasTrailers(r.Trailer) {
+		// The fingerprint covers the body alone, and the body goes
+		// upstream with a Content-Length: trailers would be lost.
+		prob = idemproxy.NewProblem(idemproxy.ProblemTrailersRefused, fmt.Sprintf(
+			"a request with an Idempotency-Key cannot carry trailer fields (got %s): send them as header fields", trailerNames(r.Trailer)))
+	}
 	if prob != nil {
 		g.buffered.give(reserved)
 		w.Header().Set("Connection", "close")
@@ -153,6 +161,30 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 			return buf, reserved, g.bodyError(err, timedOut)
 		}
 	}
+}
+
+// hasTrailers reports whether any trailer field arrived with a body (the
+// server fills in the fields a Trailer header announced, and those it did
+// not, once the body is read whole).
+func hasTrailers(t http.Header) bool {
+	for _, v := range t {
+		if len(v) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// trailerNames lists the trailer fields that arrived, sorted.
+func trailerNames(t http.Header) string {
+	var names []string
+	for k, v := range t {
+		if len(v) > 0 {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 // setting spells the name of one of Config's fields for a problem detail.
