@@ -63,6 +63,7 @@ type Config struct {
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres" zero:"no purge" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" only:"IDEMPROXY_STORE=postgres|redis" zero:"off" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" only:"IDEMPROXY_STORE=postgres|redis" desc:"longest a cached record is replayed without asking the store again"`
+	RecordCacheBytes   int64         `env:"IDEMPROXY_RECORD_CACHE_MAX_BYTES" envDefault:"67108864" only:"IDEMPROXY_STORE=postgres|redis" lib:"idempotency.RecordCacheOptions.MaxBytes" desc:"bytes the cached records of each replica may hold: keys, command types and stored responses"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" only:"IDEMPROXY_STORE=postgres" desc:"most rows one purge statement deletes"`
 
 	RedisURL          string `env:"IDEMPROXY_REDIS_URL" only:"IDEMPROXY_STORE=redis" lib:"redis.Options.URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
@@ -84,11 +85,12 @@ type Config struct {
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"idempotency.Config.KeyTTL" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"idempotency.Config.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
 	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
+	RetryAfter      time.Duration `env:"IDEMPROXY_RETRY_AFTER" envDefault:"1s" lib:"idempotency.Config.RetryAfter" desc:"Retry-After of a 409 in-progress, in whole seconds (at least 1, at most the lease left)"`
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"idempotency.Config.StoreTimeout,postgres.Options.OpTimeout,redis.Options.OpTimeout" desc:"bound on each store operation"`
 	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"idempotency.Config.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" lib:"idempotency.Config.MaxBodyBytes" desc:"largest keyed request body (413 above)"`
 	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.BodyTimeout" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
-	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"idempotency.Config.MaxBufferedBytes" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" lib:"idempotency.Config.MaxBufferedBytes" desc:"bytes of keyed request bodies and of responses kept for mode replay buffered at once over all requests (a body past it: 503; a response: streamed, not kept); at least IDEMPROXY_MAX_BODY_BYTES"`
 	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" only:"IDEMPROXY_MODE=replay" lib:"idempotency.Config.ReplayMaxBytes" desc:"largest response body kept for mode replay"`
 	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxEntries" desc:"bound on locks plus records in the memory store"`
 	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" only:"IDEMPROXY_STORE=memory" lib:"memory.Options.MaxBytes" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
@@ -96,6 +98,7 @@ type Config struct {
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
+	WriteTimeout      time.Duration `env:"IDEMPROXY_WRITE_TIMEOUT" envDefault:"30s" zero:"none" desc:"time each write of a response to a client may take (proxy listener): a client that stops reading is cut off (0: none)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" zero:"none" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
 	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" enum:"debug,info,warn,error" desc:"debug, info, warn or error (JSON logs)"`
@@ -504,6 +507,7 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 			LockTimeout:      c.LockTimeout,
 			UpstreamTimeout:  c.UpstreamTimeout,
 			StoreTimeout:     c.StoreTimeout,
+			RetryAfter:       c.RetryAfter,
 			RequireKey:       c.RequireKey,
 			MaxBodyBytes:     c.MaxBodyBytes,
 			BodyTimeout:      c.BodyTimeout,
