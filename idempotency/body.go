@@ -20,9 +20,10 @@ import (
 // doubles as bytes arrive, up to the body's Content-Length or the limit.
 const firstBodyBuffer = 4 << 10
 
-// bodyBudget bounds the bytes of keyed request bodies buffered at once
-// over all requests (Config.MaxBufferedBytes). A buffer is counted by
-// its capacity, reserved before it grows.
+// bodyBudget bounds the bytes buffered at once over all requests
+// (Config.MaxBufferedBytes): keyed request bodies, and the responses held
+// for records (capture.go, middleware.go). A buffer is counted by its
+// capacity, reserved before it grows.
 type bodyBudget struct {
 	max     int64
 	used    atomic.Int64
@@ -143,7 +144,7 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 			grow := min(max(2*int64(cap(buf)), firstBodyBuffer), ceiling) - int64(cap(buf))
 			if !g.buffered.take(grow) {
 				prob := idemproxy.NewProblem(idemproxy.ProblemBufferedFull, fmt.Sprintf(
-					"the request bodies being received fill %s (%d bytes); the request was not forwarded", g.setting("MaxBufferedBytes"), g.buffered.max))
+					"the request bodies and responses being buffered fill %s (%d bytes); the request was not forwarded", g.setting("MaxBufferedBytes"), g.buffered.max))
 				prob.RetryAfter = 1
 				return buf, reserved, prob
 			}

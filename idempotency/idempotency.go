@@ -68,13 +68,16 @@ type Config struct {
 	// BodyTimeout bounds the time a keyed request body takes to arrive
 	// (408 past it); zero means 30s. Unkeyed bodies are not read.
 	BodyTimeout time.Duration
-	// MaxBufferedBytes bounds the bytes of keyed request bodies buffered
-	// at once over all requests (503 when full); zero means 256 MiB. It
-	// must be at least MaxBodyBytes.
+	// MaxBufferedBytes bounds the bytes buffered at once over all
+	// requests: keyed request bodies (503 when full) and the responses
+	// held for records — captured for mode replay in the sidecar, held
+	// until the record is written by Middleware — which stream without
+	// being kept when it is full (the record then replays like noop).
+	// Zero means 256 MiB. It must be at least MaxBodyBytes.
 	MaxBufferedBytes int64
-	// ReplayMaxBytes caps the response body kept in replay mode; zero
-	// means 1 MiB. A larger response is recorded without its body and
-	// replays like mode noop.
+	// ReplayMaxBytes caps the response body kept in replay mode (and the
+	// response Middleware holds); zero means 1 MiB. A larger response is
+	// recorded without its body and replays like mode noop.
 	ReplayMaxBytes int64
 	// Metrics receives the step's measurements; nil discards them.
 	Metrics Metrics

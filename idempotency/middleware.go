@@ -30,12 +30,18 @@ import (
 //     logged with its stack; http.ErrAbortHandler is re-raised after the
 //     key is released.
 //   - The record is durable before any byte of the response reaches the
-//     client: the response is held in memory, up to ReplayMaxBytes, until
-//     next returns. A response that grows past ReplayMaxBytes, or that next
+//     client: the response is held in memory, up to ReplayMaxBytes and
+//     within the budget of MaxBufferedBytes (shared with request bodies),
+//     until next returns. A response that grows past either, or that next
 //     flushes, is committed at that moment: the record is written (without
 //     its body, so in mode replay it replays like noop), then what was held
 //     and the rest stream to the client; a panic after that point aborts
 //     the connection and the record stands.
+//   - next cannot take the connection: Hijack fails with an error that
+//     wraps http.ErrNotSupported, and the client's writer is not handed
+//     out, since bytes written there could not be held and would be
+//     recorded as a success. Protocol upgrades and keyed bodies with
+//     trailers are refused before next runs (400).
 //   - next's context does not end when the client goes away: a command
 //     that started runs to the end and is recorded, so the client's retry
 //     replays it. It ends after UpstreamTimeout, which next should honour;
