@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"sync"
@@ -38,13 +39,22 @@ func (c *Attempt) capture(resp *http.Response) *idemproxy.Response {
 	}
 	held := &heldBody{budget: c.idem.buffered, rest: resp.Body}
 	if held.fill(limit, resp.ContentLength) {
-		// Never written to again: the record may keep it as it is.
-		stored.Body = held.buf[:len(held.buf):len(held.buf)]
+		stored.Body = keep(held.buf)
 	} else {
 		stored.Truncated = true
 	}
 	resp.Body = held
 	return stored
+}
+
+// keep returns a held body for a record to keep: the buffer itself, which
+// is never written to again, unless much of its capacity is unused (a
+// store counts the length), then a copy.
+func keep(b []byte) []byte {
+	if cap(b)-len(b) > len(b)/8 {
+		return bytes.Clone(b)
+	}
+	return b[:len(b):len(b)]
 }
 
 // heldBody is a response body whose start was read ahead: its reads give

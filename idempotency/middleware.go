@@ -209,8 +209,7 @@ func (h *heldResponse) commit(partial bool) {
 	if h.cmd.KeepsResponse(h.status) {
 		stored = &idemproxy.Response{Header: replayHeader(h.header), Truncated: partial}
 		if !partial {
-			// Never written to again: the record may keep it as it is.
-			stored.Body = h.body[:len(h.body):len(h.body)]
+			stored.Body = keep(h.body)
 		}
 	}
 	h.cmd.Answered(h.ctx, h.status, stored)
