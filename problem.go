@@ -29,6 +29,8 @@ var (
 	ProblemInvalidTenant     = ProblemType{"invalid-tenant", "Invalid tenant", http.StatusBadRequest}
 	ProblemTenantConflict    = ProblemType{"tenant-conflict", "Tenant header conflicts with token", http.StatusBadRequest}
 	ProblemInvalidBody       = ProblemType{"invalid-body", "Request body could not be read", http.StatusBadRequest}
+	ProblemUpgradeRefused    = ProblemType{"upgrade-refused", "Protocol upgrade refused on a keyed request", http.StatusBadRequest}
+	ProblemTrailersRefused   = ProblemType{"trailers-refused", "Request trailers refused on a keyed request", http.StatusBadRequest}
 	ProblemBodyTimeout       = ProblemType{"body-timeout", "Request body not received in time", http.StatusRequestTimeout}
 	ProblemInvalidParameter  = ProblemType{"invalid-parameter", "Invalid query parameter", http.StatusBadRequest}
 	ProblemUnauthorized      = ProblemType{"unauthorized", "Invalid or missing bearer token", http.StatusUnauthorized}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,9 +20,10 @@ import (
 // doubles as bytes arrive, up to the body's Content-Length or the limit.
 const firstBodyBuffer = 4 << 10
 
-// bodyBudget bounds the bytes of keyed request bodies buffered at once
-// over all requests (Config.MaxBufferedBytes). A buffer is counted by
-// its capacity, reserved before it grows.
+// bodyBudget bounds the bytes buffered at once over all requests
+// (Config.MaxBufferedBytes): keyed request bodies, and the responses held
+// for records (capture.go, middleware.go). A buffer is counted by its
+// capacity, reserved before it grows.
 type bodyBudget struct {
 	max     int64
 	used    atomic.Int64
@@ -59,6 +62,12 @@ func (g *Step) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyRe
 		return nil, nil, nil
 	}
 	buf, reserved, prob := g.fillBody(w, r)
+	if prob == nil && hasTrailers(r.Trailer) {
+		// The fingerprint covers the body alone, and the body goes
+		// upstream with a Content-Length: trailers would be lost.
+		prob = idemproxy.NewProblem(idemproxy.ProblemTrailersRefused, fmt.Sprintf(
+			"a request with an Idempotency-Key cannot carry trailer fields (got %s): send them as header fields", trailerNames(r.Trailer)))
+	}
 	if prob != nil {
 		g.buffered.give(reserved)
 		w.Header().Set("Connection", "close")
@@ -135,7 +144,7 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 			grow := min(max(2*int64(cap(buf)), firstBodyBuffer), ceiling) - int64(cap(buf))
 			if !g.buffered.take(grow) {
 				prob := idemproxy.NewProblem(idemproxy.ProblemBufferedFull, fmt.Sprintf(
-					"the request bodies being received fill %s (%d bytes); the request was not forwarded", g.setting("MaxBufferedBytes"), g.buffered.max))
+					"the request bodies and responses being buffered fill %s (%d bytes); the request was not forwarded", g.setting("MaxBufferedBytes"), g.buffered.max))
 				prob.RetryAfter = 1
 				return buf, reserved, prob
 			}
@@ -153,6 +162,30 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 			return buf, reserved, g.bodyError(err, timedOut)
 		}
 	}
+}
+
+// hasTrailers reports whether any trailer field arrived with a body (the
+// server fills in the fields a Trailer header announced, and those it did
+// not, once the body is read whole).
+func hasTrailers(t http.Header) bool {
+	for _, v := range t {
+		if len(v) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// trailerNames lists the trailer fields that arrived, sorted.
+func trailerNames(t http.Header) string {
+	var names []string
+	for k, v := range t {
+		if len(v) > 0 {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 // setting spells the name of one of Config's fields for a problem detail.

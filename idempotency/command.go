@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,6 +66,11 @@ func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Re
 		return nil, nil
 	}
 	ri.Key = key
+	if isUpgrade(r.Header) {
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemUpgradeRefused, fmt.Sprintf(
+			"a request with an Idempotency-Key cannot switch protocols (Upgrade: %s): a tunnel is not a command that can be recorded; send the upgrade without the key", r.Header.Get("Upgrade"))))
+		return nil, nil
+	}
 	tenant, ok := tenancy.FromContext(r.Context())
 	if !ok {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
@@ -125,7 +131,9 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 		ri.Outcome = OutcomeInProgress
 		prob := idemproxy.NewProblem(idemproxy.ProblemInProgress,
 			"a request with this Idempotency-Key is still being processed; retry later")
-		prob.RetryAfter = retryAfter(e.Remaining)
+		// A short wait, so that a client honouring it does not sleep
+		// through a command that ends in a moment; never past the lease.
+		prob.RetryAfter = retryAfter(min(g.cfg.RetryAfter, e.Remaining))
 		idemproxy.WriteProblem(w, prob)
 		return
 	}
@@ -167,7 +175,25 @@ func (c *Attempt) request(r *http.Request, ctx context.Context) *http.Request {
 	}
 	out.ContentLength = c.bodyLen
 	out.TransferEncoding = nil
+	out.Trailer = nil // none arrived (Begin refuses them); none is announced
 	return out
+}
+
+// isUpgrade reports whether a request asks to switch protocols: an
+// Upgrade header that Connection names, as net/http's ReverseProxy and
+// server read it.
+func isUpgrade(h http.Header) bool {
+	if h.Get("Upgrade") == "" {
+		return false
+	}
+	for _, v := range h["Connection"] {
+		for opt := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(opt), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type attemptKey struct{}

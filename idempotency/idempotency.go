@@ -44,6 +44,11 @@ type Config struct {
 	// sidecar (and its wait for response headers of any request), the
 	// wrapped handler's context in-process. Zero means 30s.
 	UpstreamTimeout time.Duration
+	// RetryAfter is the wait a 409 in-progress answer asks for
+	// (Retry-After, whole seconds rounded down, at least 1), never more
+	// than what is left of the lock's lease: a client that honours it
+	// retries soon after a short command ends. Zero means 1s.
+	RetryAfter time.Duration
 	// StoreTimeout is the longest one store operation takes; the store
 	// bounds its own operations, this only tells the step how long that
 	// is, for the lease check and DrainBudget. Zero means 5s.
@@ -63,13 +68,16 @@ type Config struct {
 	// BodyTimeout bounds the time a keyed request body takes to arrive
 	// (408 past it); zero means 30s. Unkeyed bodies are not read.
 	BodyTimeout time.Duration
-	// MaxBufferedBytes bounds the bytes of keyed request bodies buffered
-	// at once over all requests (503 when full); zero means 256 MiB. It
-	// must be at least MaxBodyBytes.
+	// MaxBufferedBytes bounds the bytes buffered at once over all
+	// requests: keyed request bodies (503 when full) and the responses
+	// held for records — captured for mode replay in the sidecar, held
+	// until the record is written by Middleware — which stream without
+	// being kept when it is full (the record then replays like noop).
+	// Zero means 256 MiB. It must be at least MaxBodyBytes.
 	MaxBufferedBytes int64
-	// ReplayMaxBytes caps the response body kept in replay mode; zero
-	// means 1 MiB. A larger response is recorded without its body and
-	// replays like mode noop.
+	// ReplayMaxBytes caps the response body kept in replay mode (and the
+	// response Middleware holds); zero means 1 MiB. A larger response is
+	// recorded without its body and replays like mode noop.
 	ReplayMaxBytes int64
 	// Metrics receives the step's measurements; nil discards them.
 	Metrics Metrics
@@ -95,6 +103,7 @@ func (c Config) withDefaults() Config {
 	defaultTo(&c.LockTimeout, 60*time.Second)
 	defaultTo(&c.UpstreamTimeout, 30*time.Second)
 	defaultTo(&c.StoreTimeout, 5*time.Second)
+	defaultTo(&c.RetryAfter, time.Second)
 	defaultTo(&c.BodyTimeout, 30*time.Second)
 	defaultTo(&c.MaxBodyBytes, 10<<20)
 	defaultTo(&c.MaxBufferedBytes, 256<<20)
@@ -136,7 +145,7 @@ func (c Config) Validate() error {
 	}
 	for field, d := range map[string]time.Duration{
 		"KeyTTL": c.KeyTTL, "LockTimeout": c.LockTimeout, "UpstreamTimeout": c.UpstreamTimeout,
-		"StoreTimeout": c.StoreTimeout, "BodyTimeout": c.BodyTimeout,
+		"StoreTimeout": c.StoreTimeout, "BodyTimeout": c.BodyTimeout, "RetryAfter": c.RetryAfter,
 	} {
 		if d < 0 {
 			errs.Add(field, "must be a positive duration, got %s", d)
@@ -300,10 +309,10 @@ func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) 
 	idemproxy.WriteProblem(w, prob)
 }
 
-// retryAfter is a lease's remaining time in whole seconds, rounded down so
-// it never exceeds the lease, and at least 1.
-func retryAfter(remaining time.Duration) int {
-	return max(int(remaining/time.Second), 1)
+// retryAfter is a wait in whole seconds, rounded down so that a wait cut
+// to a lease's remaining time never exceeds it, and at least 1.
+func retryAfter(wait time.Duration) int {
+	return max(int(wait/time.Second), 1)
 }
 
 // Config returns the step's settings, with every default applied.

@@ -75,7 +75,8 @@ type Metrics interface {
 	// lock had been claimed again or deleted.
 	CountLockLost()
 	// AddBuffered adds delta (negative to give back) to the bytes of
-	// keyed request bodies buffered now.
+	// keyed request bodies and of responses held for records buffered
+	// now.
 	AddBuffered(delta int64)
 }
 

@@ -12,26 +12,68 @@ const MaxKeyLen = 255
 // ParseKey returns the idempotency key carried by the values of every
 // Idempotency-Key header of a request. Each value is either a Structured
 // Field string ("abc", RFC 8941) or a bare token (abc); both name the same
-// key. Repeated headers must agree. The key is 1–255 printable ASCII
+// key. A value is a comma-separated list, as an intermediary that folds
+// repeated header lines into one sends it (RFC 9110 §5.3): a comma outside
+// a quoted string separates elements, so "d1, d1" is the key d1, and a key
+// that contains a comma must be sent quoted ("a,b"). Every element of
+// every value must name the same key. The key is 1–255 printable ASCII
 // characters (0x20–0x7E) without leading or trailing space.
 func ParseKey(values []string) (string, error) {
 	if len(values) == 0 {
 		return "", errors.New("no Idempotency-Key header")
 	}
-	key, err := parseKeyValue(values[0])
-	if err != nil {
-		return "", err
-	}
-	for _, v := range values[1:] {
-		other, err := parseKeyValue(v)
-		if err != nil {
-			return "", err
-		}
-		if other != key {
-			return "", errors.New("several Idempotency-Key headers with different values")
+	key, first := "", true
+	for _, v := range values {
+		for elem := range splitList(v) {
+			k, err := parseKeyValue(elem)
+			if err != nil {
+				return "", err
+			}
+			if !first && k != key {
+				return "", errors.New("several Idempotency-Key values that differ (a key with a comma must be quoted: \"a,b\")")
+			}
+			key, first = k, false
 		}
 	}
 	return key, nil
+}
+
+// splitList yields the elements of a comma-separated field value: an
+// element that starts (after optional whitespace) with a quote runs to its
+// closing quote, commas included, and then to the next comma; any other
+// runs to the next comma. An unclosed quote runs to the end.
+func splitList(v string) func(yield func(string) bool) {
+	return func(yield func(string) bool) {
+		for {
+			i := len(v) - len(strings.TrimLeft(v, " \t"))
+			if i < len(v) && v[i] == '"' {
+				i = closingQuote(v, i)
+			}
+			comma := strings.IndexByte(v[i:], ',')
+			if comma < 0 {
+				yield(v)
+				return
+			}
+			if !yield(v[:i+comma]) {
+				return
+			}
+			v = v[i+comma+1:]
+		}
+	}
+}
+
+// closingQuote returns the index just past the quote that closes the
+// quoted string opening at v[open], or len(v) when none does.
+func closingQuote(v string, open int) int {
+	for i := open + 1; i < len(v); i++ {
+		switch v[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(v)
 }
 
 func parseKeyValue(v string) (string, error) {

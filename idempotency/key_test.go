@@ -22,7 +22,21 @@ func TestParseKey(t *testing.T) {
 		{[]string{"a b"}, "a b"},
 		{[]string{"abc", `"abc"`}, "abc"},
 		{[]string{strings.Repeat("k", 255)}, strings.Repeat("k", 255)},
-		{[]string{"~!@#$%^&*()_+{}|:<>?,./;'[]-="}, "~!@#$%^&*()_+{}|:<>?,./;'[]-="},
+		{[]string{"~!@#$%^&*()_+{}|:<>?./;'[]-="}, "~!@#$%^&*()_+{}|:<>?./;'[]-="},
+		// A comma separates list elements (RFC 9110 §5.3: a field sent on
+		// several lines may be folded into one); every element must name
+		// the same key.
+		{[]string{"d1, d1"}, "d1"},
+		{[]string{"d1,d1"}, "d1"},
+		{[]string{"d1 ,\td1"}, "d1"},
+		{[]string{"d1, d1", "d1"}, "d1"},
+		{[]string{`d1, "d1"`}, "d1"},
+		{[]string{"a b, a b"}, "a b"},
+		// Inside a quoted string a comma is part of the key.
+		{[]string{`"a,b"`}, "a,b"},
+		{[]string{`"a,b", "a,b"`}, "a,b"},
+		{[]string{`"a,b"`, `"a,b"`}, "a,b"},
+		{[]string{`"a\",b"`}, `a",b`},
 	}
 	for _, c := range ok {
 		got, err := idempotency.ParseKey(c.in)
@@ -34,6 +48,10 @@ func TestParseKey(t *testing.T) {
 		nil, {""}, {`""`}, {strings.Repeat("k", 256)}, {`"` + strings.Repeat("k", 256) + `"`},
 		{"a\tb"}, {"a\x00b"}, {"a\nb"}, {"\x7f"}, {"é"}, {`"abc`}, {`"ab"c"`}, {`"a\b"`},
 		{`"a\`}, {`" a"`}, {`"a "`}, {"a", "b"}, {"a", ""}, {`"é"`},
+		// Folded lines with different keys, or an empty element.
+		{"d1, d2"}, {"d1, d1", "d2"}, {"d1,"}, {",d1"}, {"d1, , d1"}, {","},
+		// A bare key with a comma is two keys; it must be sent quoted.
+		{"a,b"}, {`"a,b", a,b`}, {`"a,b"x, "a,b"`}, {`"a,b`},
 	}
 	for _, in := range bad {
 		if got, err := idempotency.ParseKey(in); err == nil {
@@ -43,7 +61,8 @@ func TestParseKey(t *testing.T) {
 }
 
 func FuzzParseKey(f *testing.F) {
-	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, "", `"`, `"\`, "a\tb", "\xff", strings.Repeat("x", 256)} {
+	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, "", `"`, `"\`, "a\tb", "\xff", strings.Repeat("x", 256),
+		"d1, d1", `"a,b"`, `"a,b", "a,b"`, "a,b", `"a\",b"`, ",", `"a,`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
@@ -66,6 +85,17 @@ func FuzzParseKey(f *testing.F) {
 		}
 		if again, err := idempotency.ParseKey([]string{v, quoted}); err != nil || again != key {
 			t.Fatalf("repeated equal headers %q, %q: got %q, %v", v, quoted, again, err)
+		}
+		// Lines folded into one, as an intermediary may: the same key.
+		if again, err := idempotency.ParseKey([]string{v + ", " + quoted}); err != nil || again != key {
+			t.Fatalf("folded header %q: got %q, %v", v+", "+quoted, again, err)
+		}
+		if strings.Contains(key, ",") {
+			// A key with a comma is accepted only quoted: bare, it
+			// names two keys.
+			if !strings.HasPrefix(strings.TrimLeft(v, " \t"), `"`) {
+				t.Fatalf("ParseKey(%q) accepted a bare key with a comma: %q", v, key)
+			}
 		}
 	})
 }

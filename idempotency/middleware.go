@@ -1,12 +1,14 @@
 package idempotency
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -28,12 +30,18 @@ import (
 //     logged with its stack; http.ErrAbortHandler is re-raised after the
 //     key is released.
 //   - The record is durable before any byte of the response reaches the
-//     client: the response is held in memory, up to ReplayMaxBytes, until
-//     next returns. A response that grows past ReplayMaxBytes, or that next
+//     client: the response is held in memory, up to ReplayMaxBytes and
+//     within the budget of MaxBufferedBytes (shared with request bodies),
+//     until next returns. A response that grows past either, or that next
 //     flushes, is committed at that moment: the record is written (without
 //     its body, so in mode replay it replays like noop), then what was held
 //     and the rest stream to the client; a panic after that point aborts
 //     the connection and the record stands.
+//   - next cannot take the connection: Hijack fails with an error that
+//     wraps http.ErrNotSupported, and the client's writer is not handed
+//     out, since bytes written there could not be held and would be
+//     recorded as a success. Protocol upgrades and keyed bodies with
+//     trailers are refused before next runs (400).
 //   - next's context does not end when the client goes away: a command
 //     that started runs to the end and is recorded, so the client's retry
 //     replays it. It ends after UpstreamTimeout, which next should honour;
@@ -57,6 +65,7 @@ func (g *Step) Middleware(next http.Handler) http.Handler {
 		}
 		defer cmd.End()
 		hw := &heldResponse{w: w, cmd: cmd, ctx: out.Context(), header: http.Header{}, limit: int(g.cfg.ReplayMaxBytes)}
+		defer hw.drop()
 		defer hw.settlePanic()
 		next.ServeHTTP(hw, out)
 		hw.commit(false)
@@ -74,18 +83,28 @@ func CommandID(ctx context.Context) (uuid.UUID, bool) {
 }
 
 // heldResponse holds a handler's response until its command is settled.
+// It offers the handler what a response writer offers (Flush, deadlines,
+// full duplex) except the connection itself: Hijack fails, and the
+// client's writer is not reachable (no Unwrap), since bytes written there
+// could not be held and the command would be recorded whatever they said.
 type heldResponse struct {
 	w      http.ResponseWriter
 	cmd    *Attempt
 	ctx    context.Context
 	header http.Header
 	status int
-	body   bytes.Buffer
-	limit  int
+	// body is the body held so far; its capacity is reserved from the
+	// step's budget of buffered bytes (Config.MaxBufferedBytes).
+	body     []byte
+	reserved int64
+	limit    int
 	// committed is set once the command is settled and the response
 	// started on w; writes then go straight to w.
 	committed bool
 }
+
+// errHijack is the error of Hijack on a checked request.
+var errHijack = fmt.Errorf("idempotency: a checked request's connection cannot be hijacked: its response must be held until the command is recorded: %w", http.ErrNotSupported)
 
 // Header returns the handler's header map, sent at the commit.
 func (h *heldResponse) Header() http.Header { return h.header }
@@ -97,7 +116,8 @@ func (h *heldResponse) WriteHeader(status int) {
 	}
 }
 
-// Write holds b, or commits when the held body would pass the limit.
+// Write holds b, or commits when the held body would pass the limit or
+// the budget of buffered bytes has no room for it.
 func (h *heldResponse) Write(b []byte) (int, error) {
 	if h.status == 0 {
 		h.status = http.StatusOK
@@ -105,21 +125,74 @@ func (h *heldResponse) Write(b []byte) (int, error) {
 	if h.committed {
 		return h.w.Write(b)
 	}
-	if h.body.Len()+len(b) > h.limit {
+	if !h.hold(len(b)) {
 		h.commit(true)
 		return h.w.Write(b)
 	}
-	return h.body.Write(b)
+	h.body = append(h.body, b...)
+	return len(b), nil
+}
+
+// hold makes room for n more bytes in the held body, reserving its growth
+// from the budget first; it reports false, holding nothing more, past the
+// limit or when the budget has no room.
+func (h *heldResponse) hold(n int) bool {
+	need := len(h.body) + n
+	if need > h.limit {
+		return false
+	}
+	if need <= cap(h.body) {
+		return true
+	}
+	size := min(max(2*cap(h.body), need, firstBodyBuffer), h.limit)
+	grow := int64(size - cap(h.body))
+	if !h.cmd.idem.buffered.take(grow) {
+		return false
+	}
+	h.reserved += grow
+	grown := make([]byte, len(h.body), size)
+	copy(grown, h.body)
+	h.body = grown
+	return true
+}
+
+// drop lets go of the held body and gives its bytes back to the budget.
+func (h *heldResponse) drop() {
+	h.body = nil
+	h.cmd.idem.buffered.give(h.reserved)
+	h.reserved = 0
 }
 
 // Flush commits the response and flushes it to the client.
-func (h *heldResponse) Flush() {
+func (h *heldResponse) Flush() { _ = h.FlushError() }
+
+// FlushError is Flush, reporting the client's writer's error.
+func (h *heldResponse) FlushError() error {
 	h.commit(true)
-	_ = http.NewResponseController(h.w).Flush()
+	return http.NewResponseController(h.w).Flush()
 }
 
-// Unwrap lets http.ResponseController reach the client's writer.
-func (h *heldResponse) Unwrap() http.ResponseWriter { return h.w }
+// Hijack fails with an error that wraps http.ErrNotSupported.
+func (h *heldResponse) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, errHijack
+}
+
+// SetReadDeadline sets the client connection's read deadline.
+func (h *heldResponse) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(h.w).SetReadDeadline(t)
+}
+
+// SetWriteDeadline sets the client connection's write deadline, which
+// counts once the response is committed.
+func (h *heldResponse) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(h.w).SetWriteDeadline(t)
+}
+
+// EnableFullDuplex lets the handler read the request body while writing
+// (the body of a checked request is already buffered).
+func (h *heldResponse) EnableFullDuplex() error {
+	return http.NewResponseController(h.w).EnableFullDuplex()
+}
 
 // commit settles the command with the response held so far, then starts
 // the response on w. partial says that more of the body is to follow, so
@@ -136,7 +209,7 @@ func (h *heldResponse) commit(partial bool) {
 	if h.cmd.KeepsResponse(h.status) {
 		stored = &idemproxy.Response{Header: replayHeader(h.header), Truncated: partial}
 		if !partial {
-			stored.Body = bytes.Clone(h.body.Bytes())
+			stored.Body = keep(h.body)
 		}
 	}
 	h.cmd.Answered(h.ctx, h.status, stored)
@@ -148,10 +221,11 @@ func (h *heldResponse) commit(partial bool) {
 		out.Set("Idempotency-Command-Id", h.cmd.info.CommandID)
 	}
 	if !partial && bodyAllowed(h.status) && out.Get("Content-Length") == "" {
-		out.Set("Content-Length", strconv.Itoa(h.body.Len()))
+		out.Set("Content-Length", strconv.Itoa(len(h.body)))
 	}
 	h.w.WriteHeader(h.status)
-	_, _ = h.w.Write(h.body.Bytes())
+	_, _ = h.w.Write(h.body)
+	h.drop()
 }
 
 // settlePanic settles a command whose handler panicked before its response
@@ -166,6 +240,7 @@ func (h *heldResponse) settlePanic() {
 		panic(v)
 	}
 	h.committed = true
+	h.drop()
 	h.cmd.release(h.ctx)
 	if v == http.ErrAbortHandler {
 		panic(v)

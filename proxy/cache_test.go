@@ -2,7 +2,9 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/memstat"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -137,4 +140,74 @@ func TestRecordCacheDeleteEvicts(t *testing.T) {
 	}
 	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	e.wantCalls(2)
+}
+
+// recordsStore answers every claim with a fresh replay-mode record whose
+// response body is size bytes, as a shared store decodes one from the
+// network for each claim.
+type recordsStore struct {
+	idemproxy.Store
+	size int
+}
+
+func (r recordsStore) Claim(_ context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	return idemproxy.ClaimResult{Entry: idemproxy.Entry{
+		Tenant: c.Tenant, Key: c.Key, State: idemproxy.StateSucceeded, CommandID: c.CommandID,
+		CommandType: c.CommandType, Fingerprint: c.Fingerprint, Status: http.StatusCreated, Remaining: time.Hour,
+		Response: &idemproxy.Response{Header: http.Header{"Content-Type": {"application/json"}}, Body: make([]byte, r.size)},
+	}}, nil
+}
+
+// replayAll claims n keys once each through st: n records met once.
+func replayAll(t *testing.T, st idemproxy.Store, tenant uuid.UUID, n int) {
+	t.Helper()
+	for i := range n {
+		if _, err := st.Claim(context.Background(), idemproxy.Claim{Tenant: tenant, Key: fmt.Sprint("rec-", i),
+			CommandType: "POST /orders", Owner: uuid.New(), Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRecordCacheBoundedInBytes: 2,000 replay-mode records of 60 KiB, each
+// replayed once, fill a cache of 10,000 entries no further than its bytes
+// bound (64 MiB by default), not to 120 MB.
+func TestRecordCacheBoundedInBytes(t *testing.T) {
+	const records, size = 2000, 60 << 10
+	st := idempotency.CacheRecords(recordsStore{size: size}, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: 2 * time.Second})
+	base := memstat.LiveHeap()
+	replayAll(t, st, uuid.New(), records)
+	grown := memstat.LiveHeap() - base
+	t.Logf("%d records of %d bytes replayed once: live heap grew by %d bytes", records, size, grown)
+	if grown > 64<<20+8<<20 {
+		t.Fatalf("live heap grew by %d bytes, want at most the 64 MiB bound (and some slack)", grown)
+	}
+	runtime.KeepAlive(st)
+}
+
+// TestRecordCacheSweeps: ended records leave the cache's memory without
+// their keys being asked for again.
+func TestRecordCacheSweeps(t *testing.T) {
+	const records, size = 500, 60 << 10
+	const maxAge = 200 * time.Millisecond
+	st := idempotency.CacheRecords(recordsStore{size: size}, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: maxAge})
+	base := memstat.LiveHeap()
+	replayAll(t, st, uuid.New(), records)
+	full := memstat.LiveHeap() - base
+	if full < records*size/2 {
+		t.Fatalf("live heap grew by %d bytes only: the records were not cached", full)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		grown := memstat.LiveHeap() - base
+		if grown < 4<<20 {
+			t.Logf("%d records of %d bytes: live heap grew by %d bytes, then by %d once they ended", records, size, full, grown)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("live heap still %d bytes above the start 10 s after the records ended (MaxAge %s)", grown, maxAge)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	runtime.KeepAlive(st)
 }

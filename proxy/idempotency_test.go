@@ -238,7 +238,8 @@ func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
 		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
 		entered, release := blockingUpstream(t, e)
 		resp := e.do(req{key: "k"})
-		// Retry-After is what is left of the lease (10 s less the 200 ms wait).
+		// Retry-After is what is left of the lease (10 s less the 200 ms wait):
+		// a retry before then meets the kept lock.
 		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 9 {
 			t.Fatalf("Retry-After: got %q, want whole seconds in [1, 9]", resp.Header.Get("Retry-After"))
 		}
@@ -623,6 +624,22 @@ func testKeyForms(t *testing.T, st option) {
 		t.Fatal("escaped quoted key differs from its bare form")
 	}
 	e.wantCalls(2)
+
+	// Two header lines, and the same lines folded into one by an
+	// intermediary (RFC 9110 §5.3), name the same key.
+	wantStatus(t, e.do(req{keys: []string{"d1", "d1"}}), http.StatusCreated)
+	for _, r := range []req{{key: "d1, d1"}, {key: "d1,d1"}, {key: `d1, "d1"`}, {key: "d1"}} {
+		if resp := e.do(r); resp.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%v: got %d, not a replay of d1", r, resp.StatusCode)
+		}
+	}
+	// A key with a comma is sent quoted; bare, it is two keys.
+	wantStatus(t, e.do(req{key: `"a,b"`}), http.StatusCreated)
+	if resp := e.do(req{key: `"a,b", "a,b"`}); resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("folded quoted key with a comma: got %d, not a replay", resp.StatusCode)
+	}
+	wantProblem(t, e.do(req{key: "a,b"}), http.StatusBadRequest, "invalid-key")
+	e.wantCalls(4)
 }
 
 // TestBadInput: every malformed request is a 4xx problem, nothing is
@@ -638,9 +655,13 @@ func testBadInput(t *testing.T, st option) {
 		tenant []string
 		body   string
 		chunk  bool
-		status int
-		slug   string
-		detail string
+		header map[string]string
+		// trailer is set on the request as the server sets the trailer
+		// fields of a chunked body once it is read.
+		trailer http.Header
+		status  int
+		slug    string
+		detail  string
 	}{
 		{name: "empty key", keys: []string{""}, status: 400, slug: "invalid-key"},
 		{name: "quoted empty key", keys: []string{`""`}, status: 400, slug: "invalid-key"},
@@ -655,6 +676,12 @@ func testBadInput(t *testing.T, st option) {
 		{name: "text after quote", keys: []string{`"abc";x=1`}, status: 400, slug: "invalid-key"},
 		{name: "leading space in quotes", keys: []string{`" abc"`}, status: 400, slug: "invalid-key"},
 		{name: "two different keys", keys: []string{"a", "b"}, status: 400, slug: "invalid-key"},
+		{name: "two different keys folded", keys: []string{"a, b"}, status: 400, slug: "invalid-key"},
+		{name: "bare key with a comma", keys: []string{"a,b"}, status: 400, slug: "invalid-key"},
+		{name: "protocol upgrade", keys: []string{"k"}, header: map[string]string{"Connection": "keep-alive, Upgrade", "Upgrade": "websocket"},
+			status: 400, slug: "upgrade-refused"},
+		{name: "trailers", keys: []string{"k"}, body: "abc", chunk: true, trailer: http.Header{"X-Checksum": {"900150983cd24fb0"}},
+			status: 400, slug: "trailers-refused"},
 		{name: "non-UUID tenant", keys: []string{"k"}, tenant: []string{"acme"}, status: 400, slug: "invalid-tenant"},
 		{name: "empty tenant", keys: []string{"k"}, tenant: []string{""}, status: 400, slug: "invalid-tenant"},
 		{name: "two different tenants", keys: []string{"k"}, tenant: []string{tenant, uuid.NewString()}, status: 400, slug: "invalid-tenant"},
@@ -670,6 +697,10 @@ func testBadInput(t *testing.T, st option) {
 				r.ContentLength = -1
 			}
 			r.Header["Idempotency-Key"] = c.keys
+			for k, v := range c.header {
+				r.Header.Set(k, v)
+			}
+			r.Trailer = c.trailer
 			if c.tenant != nil {
 				r.Header["X-Tenant-Id"] = c.tenant
 			} else if c.slug != "tenant-required" {
@@ -1192,4 +1223,44 @@ func TestEveryMethodAndPathReachesUpstream(t *testing.T) {
 		wantStatus(t, e.do(req{method: "PURGE", path: "/cache", key: "purge-1"}), http.StatusCreated)
 	}
 	e.wantCalls(2)
+}
+
+// TestInFlightRetryAfter: a 409 in-progress asks for a short wait, not the
+// rest of the lease: RetryAfter (1 s by default) in whole seconds, never
+// more than what is left of the lease.
+func TestInFlightRetryAfter(t *testing.T) { forEachStore(t, testInFlightRetryAfter) }
+
+func testInFlightRetryAfter(t *testing.T, st option) {
+	for _, c := range []struct {
+		name       string
+		retryAfter time.Duration
+		elapsed    time.Duration // of the 10 s lease
+		want       string
+	}{
+		{"default", 0, 0, "1"},
+		{"configured", 3 * time.Second, 0, "3"},
+		{"rounded down", 2500 * time.Millisecond, 0, "2"},
+		{"capped by the lease left", 5 * time.Second, 7500 * time.Millisecond, "2"},
+		{"at least 1", 5 * time.Second, 9500 * time.Millisecond, "1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, st, func(_ *env, cfg *proxy.Config, _ *tenancy.Config) { cfg.RetryAfter = c.retryAfter })
+			entered, release := blockingUpstream(t, e)
+			first := req{key: "k", body: "a"}
+			done := make(chan *http.Response)
+			go func() { done <- e.do(first) }()
+			<-entered
+			if c.elapsed > 0 {
+				e.advance(c.elapsed)
+			}
+			resp := e.do(first)
+			wantProblem(t, resp, http.StatusConflict, "in-progress")
+			if got := resp.Header.Get("Retry-After"); got != c.want {
+				t.Fatalf("Retry-After: got %q, want %q", got, c.want)
+			}
+			release()
+			wantStatus(t, <-done, http.StatusCreated)
+			e.wantCalls(1)
+		})
+	}
 }

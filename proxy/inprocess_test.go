@@ -1,8 +1,11 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -324,4 +327,68 @@ func TestMiddlewareLargeResponse(t *testing.T) {
 		}
 		s.wantRuns(1)
 	})
+}
+
+// TestMiddlewareRefusesHijack: a handler cannot take a checked request's
+// connection, by any path: the response it would write there could not
+// be held, so the command would be recorded as a success (status 0 taken
+// for 200) whatever it sent. Hijacking fails with http.ErrNotSupported,
+// nothing is recorded, and a retry runs the handler again. Requests that
+// are not checked hijack as usual.
+func TestMiddlewareRefusesHijack(t *testing.T) {
+	for name, hijack := range map[string]func(http.ResponseWriter) (net.Conn, *bufio.ReadWriter, error){
+		"ResponseController": func(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, error) {
+			return http.NewResponseController(w).Hijack()
+		},
+		"Hijacker": func(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, error) {
+			hj, ok := w.(http.Hijacker)
+			if !ok {
+				return nil, nil, http.ErrNotSupported
+			}
+			return hj.Hijack()
+		},
+		"Unwrap": func(w http.ResponseWriter) (net.Conn, *bufio.ReadWriter, error) {
+			// The writer beneath, when the one given offers it.
+			if u, ok := w.(interface{ Unwrap() http.ResponseWriter }); ok {
+				w = u.Unwrap()
+			}
+			return http.NewResponseController(w).Hijack()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, st option) {
+				s := newService(t, st, nil)
+				refused := make(chan error, 10)
+				s.set(func(w http.ResponseWriter, r *http.Request) {
+					conn, _, err := hijack(w)
+					if err != nil {
+						refused <- err
+						http.Error(w, "cannot take the connection", http.StatusInternalServerError)
+						return
+					}
+					defer conn.Close()
+					io.WriteString(conn, "HTTP/1.1 201 Created\r\nContent-Length: 3\r\nConnection: close\r\n\r\nraw")
+				})
+				for attempt := range 2 {
+					resp := s.do(req{key: "hj", body: "x"})
+					wantStatus(t, resp, http.StatusInternalServerError)
+					if err := <-refused; !errors.Is(err, http.ErrNotSupported) {
+						t.Fatalf("attempt %d: hijack error %v, want http.ErrNotSupported", attempt, err)
+					}
+					if n := s.entries(); n != 0 {
+						t.Fatalf("attempt %d: store holds %d entries, want 0 (released)", attempt, n)
+					}
+				}
+				s.wantRuns(2)
+
+				// Not checked: the handler takes the connection.
+				resp := s.do(req{tenant: "-"})
+				wantStatus(t, resp, http.StatusCreated)
+				if body := readBody(t, resp); body != "raw" {
+					t.Fatalf("unchecked hijack: body %q, want raw", body)
+				}
+				s.wantRuns(3)
+			})
+		})
+	}
 }

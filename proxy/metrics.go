@@ -53,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "idemproxy_buffered_bytes",
-			Help: "Bytes of keyed request bodies buffered now, counted against IDEMPROXY_MAX_BUFFERED_BYTES.",
+			Help: "Bytes of keyed request bodies and of responses held for records buffered now, counted against IDEMPROXY_MAX_BUFFERED_BYTES.",
 		}),
 	}
 	for _, o := range idempotency.Outcomes {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -115,6 +116,15 @@ func New(cfg Config) (*Proxy, error) {
 
 // ServeHTTP handles one request of the proxy listener.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Trailer == nil && slices.Contains(r.TransferEncoding, "chunked") {
+		// The server puts the trailer fields of a chunked body into the
+		// request it read, once the body ends: into this map, which the
+		// chain's copies of the request share, or else into a new map
+		// that only the server's request would see. The step refuses
+		// keyed bodies with trailers, so it must see them all, announced
+		// by a Trailer header or not.
+		r.Trailer = http.Header{}
+	}
 	p.handler.ServeHTTP(w, r)
 }
 

@@ -14,11 +14,14 @@ var variables = map[string]string{
 	"idempotency.Config.LockTimeout":      "IDEMPROXY_LOCK_TIMEOUT",
 	"idempotency.Config.UpstreamTimeout":  "IDEMPROXY_UPSTREAM_TIMEOUT",
 	"idempotency.Config.StoreTimeout":     "IDEMPROXY_STORE_TIMEOUT",
+	"idempotency.Config.RetryAfter":       "IDEMPROXY_RETRY_AFTER",
 	"idempotency.Config.RequireKey":       "IDEMPROXY_REQUIRE_KEY",
 	"idempotency.Config.MaxBodyBytes":     "IDEMPROXY_MAX_BODY_BYTES",
 	"idempotency.Config.BodyTimeout":      "IDEMPROXY_BODY_TIMEOUT",
 	"idempotency.Config.MaxBufferedBytes": "IDEMPROXY_MAX_BUFFERED_BYTES",
 	"idempotency.Config.ReplayMaxBytes":   "IDEMPROXY_REPLAY_MAX_BYTES",
+
+	"idempotency.RecordCacheOptions.MaxBytes": "IDEMPROXY_RECORD_CACHE_MAX_BYTES",
 
 	"memory.Options.MaxEntries":       "IDEMPROXY_MEMORY_MAX_ENTRIES",
 	"memory.Options.MaxBytes":         "IDEMPROXY_MEMORY_MAX_BYTES",

@@ -53,6 +53,7 @@ type Config struct {
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking the store again"`
+	RecordCacheBytes   int64         `env:"IDEMPROXY_RECORD_CACHE_MAX_BYTES" envDefault:"67108864" desc:"bytes the cached records of each replica may hold: keys, command types and stored responses"`
 	PurgeBatch         int           `env:"IDEMPROXY_PURGE_BATCH" envDefault:"1000" desc:"most rows one purge statement deletes"`
 
 	RedisURL          string `env:"IDEMPROXY_REDIS_URL" desc:"redis:// or rediss:// URL (user, password, database), required for the redis store"`
@@ -73,12 +74,13 @@ type Config struct {
 
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
+	RetryAfter      time.Duration `env:"IDEMPROXY_RETRY_AFTER" envDefault:"1s" desc:"Retry-After of a 409 in-progress, in whole seconds (at least 1, at most the lease left)"`
 	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"bound on a keyed command and on waiting for response headers"`
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
 	RequireKey      methodList    `env:"IDEMPROXY_REQUIRE_KEY" desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
 	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
-	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies buffered at once over all requests (503 when full); at least IDEMPROXY_MAX_BODY_BYTES"`
+	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies and of responses kept for mode replay buffered at once over all requests (a body past it: 503; a response: streamed, not kept); at least IDEMPROXY_MAX_BODY_BYTES"`
 	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" desc:"largest response body kept for mode replay"`
 	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" desc:"bound on locks plus records in the memory store"`
 	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
@@ -86,6 +88,7 @@ type Config struct {
 
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
+	WriteTimeout      time.Duration `env:"IDEMPROXY_WRITE_TIMEOUT" envDefault:"30s" desc:"time each write of a response to a client may take (proxy listener): a client that stops reading is cut off (0: none)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
 	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
@@ -327,6 +330,7 @@ func (c Config) numbers() []number {
 		duration("IDEMPROXY_PURGE_INTERVAL", c.PurgeInterval).zeroMeans("no purge"),
 		count("IDEMPROXY_RECORD_CACHE_ENTRIES", c.RecordCacheEntries).zeroMeans("no record cache"),
 		duration("IDEMPROXY_RECORD_CACHE_TTL", c.RecordCacheTTL),
+		count("IDEMPROXY_RECORD_CACHE_MAX_BYTES", c.RecordCacheBytes),
 		count("IDEMPROXY_PURGE_BATCH", c.PurgeBatch).atMost(100000),
 		count("IDEMPROXY_REDIS_POOL_SIZE", c.RedisPoolSize).atMost(10000),
 		count("IDEMPROXY_REDIS_WAIT_REPLICAS", c.RedisWaitReplicas).zeroMeans("no waiting for replicas"),
@@ -334,6 +338,7 @@ func (c Config) numbers() []number {
 		duration("IDEMPROXY_KEY_TTL", c.KeyTTL),
 		duration("IDEMPROXY_LOCK_TIMEOUT", c.LockTimeout),
 		duration("IDEMPROXY_UPSTREAM_TIMEOUT", c.UpstreamTimeout),
+		duration("IDEMPROXY_RETRY_AFTER", c.RetryAfter),
 		duration("IDEMPROXY_STORE_TIMEOUT", c.StoreTimeout),
 		count("IDEMPROXY_MAX_BODY_BYTES", c.MaxBodyBytes),
 		duration("IDEMPROXY_BODY_TIMEOUT", c.BodyTimeout),
@@ -345,6 +350,7 @@ func (c Config) numbers() []number {
 		duration("IDEMPROXY_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout),
 		count("IDEMPROXY_MAX_HEADER_BYTES", c.MaxHeaderBytes).atLeast(4096),
 		duration("IDEMPROXY_SHUTDOWN_DELAY", c.ShutdownDelay).zeroMeans("no delay"),
+		duration("IDEMPROXY_WRITE_TIMEOUT", c.WriteTimeout).zeroMeans("no write timeout"),
 	}
 }
 
@@ -434,7 +440,8 @@ var ignoredUnless = []struct {
 		"IDEMPROXY_DATABASE_URL", "IDEMPROXY_MIGRATE", "IDEMPROXY_DB_MAX_CONNS", "IDEMPROXY_DB_STATEMENT_TIMEOUT",
 		"IDEMPROXY_DB_BATCH", "IDEMPROXY_DB_BATCH_MAX", "IDEMPROXY_DB_BATCHES_IN_FLIGHT", "IDEMPROXY_DB_PARTITIONS",
 		"IDEMPROXY_PURGE_INTERVAL", "IDEMPROXY_PURGE_BATCH"}},
-	{"IDEMPROXY_STORE", []string{"postgres", "redis"}, []string{"IDEMPROXY_RECORD_CACHE_ENTRIES", "IDEMPROXY_RECORD_CACHE_TTL"}},
+	{"IDEMPROXY_STORE", []string{"postgres", "redis"}, []string{"IDEMPROXY_RECORD_CACHE_ENTRIES", "IDEMPROXY_RECORD_CACHE_TTL",
+		"IDEMPROXY_RECORD_CACHE_MAX_BYTES"}},
 	{"IDEMPROXY_STORE", []string{"redis"}, []string{
 		"IDEMPROXY_REDIS_URL", "IDEMPROXY_REDIS_CLUSTER", "IDEMPROXY_REDIS_POOL_SIZE", "IDEMPROXY_REDIS_WAIT_REPLICAS",
 		"IDEMPROXY_REDIS_AUTOPIPELINE"}},
@@ -559,6 +566,7 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 			LockTimeout:      c.LockTimeout,
 			UpstreamTimeout:  c.UpstreamTimeout,
 			StoreTimeout:     c.StoreTimeout,
+			RetryAfter:       c.RetryAfter,
 			RequireKey:       c.RequireKey,
 			MaxBodyBytes:     c.MaxBodyBytes,
 			BodyTimeout:      c.BodyTimeout,

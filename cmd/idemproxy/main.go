@@ -204,7 +204,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	metrics := proxy.NewMetrics(reg)
 	if st.Capabilities().Shared {
 		st = idempotency.CacheRecords(st, idempotency.RecordCacheOptions{
-			MaxEntries: cfg.RecordCacheEntries, MaxAge: cfg.RecordCacheTTL,
+			MaxEntries: cfg.RecordCacheEntries, MaxBytes: cfg.RecordCacheBytes, MaxAge: cfg.RecordCacheTTL,
 			MaxBodyBytes: 64 << 10, OnHit: metrics.RecordCacheHits.Inc,
 		})
 	}
@@ -235,7 +235,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	proxySrv, adminSrv := cfg.server(p, log), cfg.server(admin, log)
 	proxySrv.IdleTimeout = 120 * time.Second
 	errc := make(chan error, 2)
-	go func() { errc <- proxySrv.Serve(proxyLn) }()
+	go func() { errc <- proxySrv.Serve(proxy.WriteTimeoutListener(proxyLn, cfg.WriteTimeout)) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),

@@ -290,6 +290,7 @@ func TestConfigDefaults(t *testing.T) {
 		"MaxBodyBytes": int64(10 << 20), "LogLevel": "info",
 		"SuccessStatus": "2xx", "BodyTimeout": 30 * time.Second, "MaxBuffered": int64(256 << 20),
 		"MemoryMaxBytes": int64(256 << 20), "MemoryTenantMax": 100000,
+		"RetryAfter": time.Second, "WriteTimeout": 30 * time.Second, "RecordCacheBytes": int64(64 << 20),
 	}
 	got := map[string]any{
 		"ListenAddr": cfg.ListenAddr, "AdminAddr": cfg.AdminAddr, "Store": cfg.Store, "Mode": cfg.Mode,
@@ -298,6 +299,7 @@ func TestConfigDefaults(t *testing.T) {
 		"MaxBodyBytes": cfg.MaxBodyBytes, "LogLevel": cfg.LogLevel,
 		"SuccessStatus": cfg.SuccessStatus, "BodyTimeout": cfg.BodyTimeout, "MaxBuffered": cfg.MaxBuffered,
 		"MemoryMaxBytes": cfg.MemoryMaxBytes, "MemoryTenantMax": cfg.MemoryTenantMax,
+		"RetryAfter": cfg.RetryAfter, "WriteTimeout": cfg.WriteTimeout, "RecordCacheBytes": cfg.RecordCacheBytes,
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -341,6 +343,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"IDEMPROXY_MAX_BUFFERED_BYTES": "1048576"}, "IDEMPROXY_MAX_BUFFERED_BYTES must be at least IDEMPROXY_MAX_BODY_BYTES"},
 		{map[string]string{"IDEMPROXY_MEMORY_MAX_BYTES": "1000"}, "IDEMPROXY_MEMORY_MAX_BYTES must be at least 1048576"},
 		{map[string]string{"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES": "0"}, "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES must be positive"},
+		{map[string]string{"IDEMPROXY_RETRY_AFTER": "0s"}, "IDEMPROXY_RETRY_AFTER must be a positive duration"},
+		{map[string]string{"IDEMPROXY_WRITE_TIMEOUT": "-1s"}, "IDEMPROXY_WRITE_TIMEOUT must not be negative"},
+		{map[string]string{"IDEMPROXY_RECORD_CACHE_MAX_BYTES": "0"}, "IDEMPROXY_RECORD_CACHE_MAX_BYTES must be positive"},
 	}
 	for _, c := range cases {
 		env := map[string]string{}
@@ -703,6 +708,54 @@ func TestBoundsFromTheEnvironment(t *testing.T) {
 		}
 		if calls.Load() != 2 {
 			t.Fatalf("upstream calls: %d, want 2", calls.Load())
+		}
+	})
+	t.Run("IDEMPROXY_RETRY_AFTER", func(t *testing.T) {
+		entered, gate := make(chan struct{}, 1), make(chan struct{})
+		up, calls := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-gate
+			w.WriteHeader(http.StatusCreated)
+		})
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_RETRY_AFTER": "2s"})
+		tenant := uuid.NewString()
+		done := make(chan *http.Response, 1)
+		go func() { done <- post(t, s.proxy+"/orders", "slow", tenant, "x") }()
+		<-entered
+		resp := post(t, s.proxy+"/orders", "slow", tenant, "x")
+		close(gate)
+		if resp.StatusCode != http.StatusConflict || resp.Header.Get("Retry-After") != "2" {
+			t.Fatalf("duplicate in flight: got %d, Retry-After %q; want 409, 2", resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		if got := (<-done).StatusCode; got != http.StatusCreated || calls.Load() != 1 {
+			t.Fatalf("first: got %d, upstream calls %d; want 201, 1", got, calls.Load())
+		}
+	})
+	t.Run("IDEMPROXY_WRITE_TIMEOUT", func(t *testing.T) {
+		cutOff := make(chan struct{}, 1)
+		chunk := strings.Repeat("w", 32<<10)
+		up, _ := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			for range 2048 { // 64 MiB: more than the connections' buffers hold
+				if _, err := io.WriteString(w, chunk); err != nil {
+					cutOff <- struct{}{}
+					return
+				}
+			}
+		})
+		s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_WRITE_TIMEOUT": "300ms"})
+		conn, err := net.Dial("tcp", strings.TrimPrefix(s.proxy, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nX-Tenant-ID: %s\r\nContent-Length: 1\r\n\r\na", uuid.NewString())
+		// The client reads nothing: the proxy gives up on it, and on the
+		// upstream's response.
+		select {
+		case <-cutOff:
+		case <-time.After(20 * time.Second):
+			t.Fatal("a client that reads nothing was not cut off")
 		}
 	})
 	t.Run("IDEMPROXY_BODY_TIMEOUT", func(t *testing.T) {
