@@ -107,6 +107,9 @@ var (
 	//go:embed lookup.lua
 	lookupLua    string
 	lookupScript = newLuaScript(lookupLua)
+	//go:embed renew.lua
+	renewLua    string
+	renewScript = newLuaScript(renewLua)
 )
 
 // luaScript is a script and its source, which the autopipelined path sends
