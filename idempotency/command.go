@@ -31,24 +31,24 @@ const TenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey
 // mounting settles it with Answered, NotSent or Unknown, and then calls
 // End.
 type Attempt struct {
-	idem    *Step
-	claim   idemproxy.Claim
-	info    *Info
-	body    *bodyReader // nil for an empty body
-	bodyLen int64
-	cancel  context.CancelFunc
-
-	// The lease and its renewals (lease.go), guarded by mu.
-	mu sync.Mutex
+	idem  *Step
+	claim idemproxy.Claim
+	info  *Info
 	// leaseEnd is when the lock's lease ends on this process's clock,
 	// counted from before the claim or the last renewal was sent: never
-	// later than the store's own end.
+	// later than the store's own end. mu guards it.
 	leaseEnd time.Time
-	// renewal is the timer of the next renewal; nil once renewals stop.
-	renewal *time.Timer
-	// settling is set once the command's outcome is known.
+	body     *bodyReader // nil for an empty body
+	bodyLen  int64
+	cancel   context.CancelFunc
+
+	// The renewals of the lease (lease.go), guarded by mu: renewal is
+	// the timer of the next one, nil once they stop; settling is set once
+	// the command's outcome is known; logAttrs name the command in their
+	// log lines.
+	mu       sync.Mutex
+	renewal  *time.Timer
 	settling bool
-	// logAttrs name the command in the renewals' log lines.
 	logAttrs []any
 }
 

@@ -82,7 +82,7 @@ type Config struct {
 	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" only:"IDEMPROXY_TENANT_SOURCE=jwt" lib:"tenancy.Config.Audience" desc:"required aud, when set"`
 
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" lib:"idempotency.Config.KeyTTL" desc:"how long a record replays"`
-	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"idempotency.Config.LockTimeout" desc:"lease of an in-flight lock; must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"`
+	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" lib:"idempotency.Config.LockTimeout" desc:"lease of an in-flight lock, renewed every third of it while the command runs (after a crash the key frees within one lease); must exceed twice IDEMPROXY_STORE_TIMEOUT"`
 	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" lib:"idempotency.Config.UpstreamTimeout" desc:"bound on a keyed command and on waiting for response headers"`
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" lib:"idempotency.Config.StoreTimeout,postgres.Options.OpTimeout,redis.Options.OpTimeout" desc:"bound on each store operation"`
 	RequireKey      []string      `env:"IDEMPROXY_REQUIRE_KEY" envSeparator:"," fold:"upper" lib:"idempotency.Config.RequireKey" desc:"methods that must carry a key (e.g. POST,PUT)"`
