@@ -44,12 +44,10 @@ type Attempt struct {
 
 	// The renewals of the lease (lease.go), guarded by mu: renewal is
 	// the timer of the next one, nil once they stop; settling is set once
-	// the command's outcome is known; logAttrs name the command in their
-	// log lines.
+	// the command's outcome is known.
 	mu       sync.Mutex
 	renewal  *time.Timer
 	settling bool
-	logAttrs []any
 }
 
 // Begin handles a checked request (see Checked) up to its forwarding.

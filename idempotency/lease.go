@@ -37,9 +37,6 @@ func (g *Step) renewEvery() time.Duration { return g.cfg.LockTimeout / 3 }
 // startRenewing arms the renewals of the lease of a claim sent at sent,
 // which the store reported with remaining left.
 func (c *Attempt) startRenewing(sent time.Time, remaining time.Duration) {
-	ri := c.info
-	c.logAttrs = []any{"request_id", ri.RequestID, "tenant", c.claim.Tenant.String(),
-		"idempotency_key", c.claim.Key, "command_id", c.claim.CommandID.String()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.leaseEnd = sent.Add(remaining)
@@ -73,13 +70,15 @@ func (c *Attempt) renew() {
 		return
 	}
 	g.metrics.CountRenewalFailure(lost)
+	// Begin set the request's identity before the first renewal.
+	attrs := []any{"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+		"command_id", cl.CommandID.String(), "error", err}
 	if lost {
-		g.log.Error("lease not renewed: the lock was deleted or taken over while the command runs; a retry may run it again",
-			append(c.logAttrs, "error", err)...)
+		g.log.Error("lease not renewed: the lock was deleted or taken over while the command runs; a retry may run it again", attrs...)
 		return
 	}
-	g.log.Warn("lease not renewed: the store did not answer; trying again",
-		append(c.logAttrs, "lease_ends_in", time.Until(c.leaseEnd).Round(time.Millisecond).String(), "error", err)...)
+	attrs = append(attrs, "lease_ends_in", time.Until(c.leaseEnd).Round(time.Millisecond).String())
+	g.log.Warn("lease not renewed: the store did not answer; trying again", attrs...)
 }
 
 // settle marks the command as settling: renewals go on, but a failed one

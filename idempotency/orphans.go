@@ -18,10 +18,11 @@ import (
 // safe; ErrNotOwner means it never landed (or is gone already).
 //
 // One goroutine, started with the first orphan and ending when none is
-// left, sends the oldest orphan's release. While the store does not
-// answer it waits, 50ms doubling up to a second, and tries again, so a
-// store that is away gets one release a second, however many requests
-// failed; once a release answers it goes on with the next orphan at once.
+// left, sends the oldest orphan's release, 50ms after it was queued.
+// While the store does not answer it waits, 100ms doubling up to a
+// second, and tries again, so a store that is away gets one release a
+// second, however many requests failed; once a release answers it goes
+// on with the next orphan at once.
 // An orphan is given up a lease after its claim was sent, and at most
 // maxOrphans wait (past that the oldest is given up): a claim given up
 // that landed, or lands later, ends with its lease.

@@ -342,3 +342,43 @@ func TestPausedRedisClaimReleased(t *testing.T) {
 	wantStatus(t, e.do(req{key: "k"}), http.StatusCreated)
 	e.wantCalls(2)
 }
+
+// unreleasable fails every release as a store that does not answer.
+type unreleasable struct {
+	*lostClaimStore
+	releases atomic.Int64
+}
+
+func (s *unreleasable) Release(context.Context, uuid.UUID, string, uuid.UUID) error {
+	s.releases.Add(1)
+	return fmt.Errorf("%w: release: %w", idemproxy.ErrUnavailable, context.DeadlineExceeded)
+}
+
+// TestLostClaimReleaseGivesUp: the background release of a claim whose
+// answer was lost is bounded: while the store does not answer it is tried
+// with growing waits, and given up (and logged) a lease after the claim
+// was sent; the lock, if it landed, then ends with its lease.
+func TestLostClaimReleaseGivesUp(t *testing.T) {
+	logs := &lockedBuffer{}
+	us := &unreleasable{lostClaimStore: &lostClaimStore{}}
+	us.lose.Store(true)
+	e := newEnv(t, withShortLease, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
+		us.Store = c.Store
+		c.Store = us
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	wantProblem(t, e.do(req{key: "k"}), http.StatusServiceUnavailable, "store-unavailable")
+	const msg = "claim whose answer was lost not released: if it landed, the key stays locked until its lease ends"
+	if !waitFor(func() bool { return len(logLines(logs, msg)) > 0 }) {
+		t.Fatalf("the release of a claim whose answer was lost was never given up; logs:\n%s", logs.Bytes())
+	}
+	l := logLines(logs, msg)[0]
+	if l["tenant"] != e.tenant.String() || l["idempotency_key"] != "k" || l["request_id"] == nil {
+		t.Errorf("log line %v: want the request id, tenant %s and key k", l, e.tenant)
+	}
+	// 50 ms doubling to a second over a lease of 1.5 s: a handful of tries.
+	if n := us.releases.Load(); n < 1 || n > 8 {
+		t.Errorf("releases tried within the lease: %d, want a few (1 to 8)", n)
+	}
+	e.wantCalls(0)
+}
