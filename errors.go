@@ -10,7 +10,8 @@ var (
 	// ErrNotFound means the store has no live entry for (tenant, key).
 	ErrNotFound = errors.New("idempotency: entry not found")
 	// ErrNotOwner means the lock is no longer held by the caller's owner
-	// token: it expired and was claimed again, or was deleted.
+	// token: it expired and was claimed again, or was deleted, released
+	// or completed.
 	ErrNotOwner = errors.New("idempotency: lock not held by this owner")
 	// ErrUnavailable wraps any failure to reach or use the store. Keyed
 	// requests fail closed with 503 when they meet it.

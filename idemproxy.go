@@ -90,7 +90,7 @@ type Claim struct {
 	CommandType string
 	// Owner is a random token; only its holder may complete or release.
 	Owner uuid.UUID
-	// Lease is how long the lock holds without completion.
+	// Lease is how long the lock holds without completion or renewal.
 	Lease time.Duration
 }
 

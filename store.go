@@ -2,6 +2,7 @@ package idemproxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -18,9 +19,9 @@ import (
 //     Entry.Remaining is measured by it at the time of the call, so callers
 //     never compare their clock with the store's.
 //   - A lock's lease ending frees the key for the next Claim at once; but a
-//     lock whose lease ended and that nobody claimed since still completes
-//     (or releases) for its owner. Only a new claim, or Delete, takes the
-//     key from the owner; after that the owner gets ErrNotOwner.
+//     lock whose lease ended and that nobody claimed since still renews,
+//     completes or releases for its owner. Only a new claim, or Delete,
+//     takes the key from the owner; after that the owner gets ErrNotOwner.
 //   - Key spaces are per tenant: no operation ever reads, changes or lists
 //     another tenant's entry, whatever the key strings.
 //   - A store bounds the time of its own operations (the proxy passes
@@ -45,6 +46,14 @@ type Store interface {
 	// Release drops the lock held by owner, or fails with ErrNotOwner. A
 	// record is never released.
 	Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error
+	// Renew moves the end of the lease of the lock held by owner to lease
+	// from now by the store's clock, or fails with ErrNotOwner (the lock
+	// was claimed again, deleted, released or completed). A lock whose
+	// lease ended and that nobody claimed since is renewed, as it would be
+	// completed: it is live again. Nothing else of the entry changes (its
+	// CreatedAt, command and fingerprint stay), and a record is never
+	// renewed.
+	Renew(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error
 	// Lookup returns the live lock or record, or ErrNotFound.
 	Lookup(ctx context.Context, tenant uuid.UUID, key string) (Entry, error)
 	// Delete removes the entry, live or ended but not yet purged (admin

@@ -27,6 +27,7 @@ var dashboardMetrics = []string{
 	"idemproxy_store_duration_seconds",
 	"idemproxy_record_write_failures_total",
 	"idemproxy_lock_lost_total",
+	"idemproxy_lease_renewal_failures_total",
 	"idemproxy_purged_rows_total",
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,12 +36,19 @@ type Attempt struct {
 	claim idemproxy.Claim
 	info  *Info
 	// leaseEnd is when the lock's lease ends on this process's clock,
-	// counted from before the claim was sent: never later than the
-	// store's own end.
+	// counted from before the claim or the last renewal was sent: never
+	// later than the store's own end. mu guards it.
 	leaseEnd time.Time
 	body     *bodyReader // nil for an empty body
 	bodyLen  int64
 	cancel   context.CancelFunc
+
+	// The renewals of the lease (lease.go), guarded by mu: renewal is
+	// the timer of the next one, nil once they stop; settling is set once
+	// the command's outcome is known.
+	mu       sync.Mutex
+	renewal  *time.Timer
+	settling bool
 }
 
 // Begin handles a checked request (see Checked) up to its forwarding.
@@ -103,6 +111,9 @@ func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Re
 		c.End()
 		ri.Outcome = OutcomeStoreUnavailable
 		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
+		if claimMayHaveLanded(err) {
+			g.orphans.add(c.claim, claimSent, ri.RequestID)
+		}
 		idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
 		return nil, nil
 	case !res.Claimed:
@@ -110,8 +121,8 @@ func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Re
 		g.answerExisting(w, ri, c.claim.Fingerprint, res.Entry)
 		return nil, nil
 	}
-	c.leaseEnd = claimSent.Add(res.Entry.Remaining)
 	ri.CommandID = c.claim.CommandID.String()
+	c.startRenewing(claimSent, res.Entry.Remaining)
 	ri.Outcome = OutcomeForwarded
 	ctx, c.cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
 	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
@@ -208,8 +219,10 @@ func AttemptFrom(ctx context.Context) *Attempt {
 // CommandID is the id of the attempt's command.
 func (c *Attempt) CommandID() uuid.UUID { return c.claim.CommandID }
 
-// End ends the attempt: its deadline and its buffered body.
+// End ends the attempt: its lease's renewals, its deadline and its
+// buffered body.
 func (c *Attempt) End() {
+	c.stopRenewing()
 	c.cancel()
 	if c.body != nil {
 		c.body.Close()
@@ -243,11 +256,12 @@ func (c *Attempt) NotSent(ctx context.Context) {
 }
 
 // Unknown settles a command sent without an answer (timeout, reset): it
-// may have taken effect, so the lock is kept until its lease ends, and a
-// retry meanwhile gets 409. It returns the Retry-After to answer with.
+// may have taken effect, so the lock is kept, no longer renewed, until its
+// lease ends, and a retry meanwhile gets 409. It returns the Retry-After
+// to answer with.
 func (c *Attempt) Unknown() int {
 	c.info.Outcome = OutcomeUpstreamError
-	return retryAfter(time.Until(c.leaseEnd))
+	return retryAfter(time.Until(c.stopRenewing()))
 }
 
 // record writes the record of a command that succeeded, retrying as
@@ -256,6 +270,8 @@ func (c *Attempt) Unknown() int {
 // lease ends.
 func (c *Attempt) record(ctx context.Context, status int, resp *idemproxy.Response) {
 	g, cl := c.idem, c.claim
+	c.settle()
+	defer c.stopRenewing()
 	comp := idemproxy.Completion{Tenant: cl.Tenant, Key: cl.Key, Owner: cl.Owner, Status: status, Response: resp, TTL: g.cfg.KeyTTL}
 	var err error
 	for attempt := 0; attempt <= len(g.cfg.RecordRetries); attempt++ {
@@ -303,6 +319,8 @@ func (c *Attempt) keyFree(ctx context.Context) bool {
 // release drops the lock of a command known not to have taken effect.
 func (c *Attempt) release(ctx context.Context) {
 	g, cl := c.idem, c.claim
+	c.settle()
+	defer c.stopRenewing()
 	err := g.storeOp(ctx, "release", func(ctx context.Context) error {
 		return g.cfg.Store.Release(ctx, cl.Tenant, cl.Key, cl.Owner)
 	})

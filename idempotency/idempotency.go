@@ -36,9 +36,12 @@ type Config struct {
 	Mode Mode
 	// KeyTTL is how long a record replays; zero means 24h.
 	KeyTTL time.Duration
-	// LockTimeout is the lease of an in-flight lock; zero means 60s. It
-	// must exceed UpstreamTimeout plus StoreTimeout: a command must be
-	// able to record itself within its lease.
+	// LockTimeout is the lease of an in-flight lock; zero means 60s. The
+	// step renews it every third of a lease while the command runs, so a
+	// command may run longer than one lease (UpstreamTimeout bounds it),
+	// and after a crash the key frees within one lease. It must exceed
+	// twice StoreTimeout, so that a renewal lands before the lease ends
+	// even when it takes the whole StoreTimeout.
 	LockTimeout time.Duration
 	// UpstreamTimeout bounds a keyed command: the upstream call in the
 	// sidecar (and its wait for response headers of any request), the
@@ -51,7 +54,8 @@ type Config struct {
 	RetryAfter time.Duration
 	// StoreTimeout is the longest one store operation takes; the store
 	// bounds its own operations, this only tells the step how long that
-	// is, for the lease check and DrainBudget. Zero means 5s.
+	// is, for the lease check (LockTimeout) and DrainBudget. Zero means
+	// 5s.
 	StoreTimeout time.Duration
 	// RecordRetries are the waits before each further attempt to write
 	// the record of a command that succeeded, after the first attempt
@@ -151,9 +155,9 @@ func (c Config) Validate() error {
 			errs.Add(field, "must be a positive duration, got %s", d)
 		}
 	}
-	if c.LockTimeout <= c.UpstreamTimeout+c.StoreTimeout {
-		errs.Add("LockTimeout", "must exceed {UpstreamTimeout} + {StoreTimeout} (%s <= %s): a command must be able to record itself within its lease",
-			c.LockTimeout, c.UpstreamTimeout+c.StoreTimeout)
+	if c.LockTimeout <= 2*c.StoreTimeout {
+		errs.Add("LockTimeout", "must exceed twice {StoreTimeout} (%s <= 2 × %s): the lease is renewed while the command runs, and a renewal must land before the lease ends even when it takes the whole store timeout",
+			c.LockTimeout, c.StoreTimeout)
 	}
 	for _, d := range c.RecordRetries {
 		if d < 0 {
@@ -211,6 +215,7 @@ type Step struct {
 	cfg      Config
 	require  map[string]bool
 	buffered *bodyBudget
+	orphans  *orphans
 	metrics  Metrics
 	log      *slog.Logger
 }
@@ -231,6 +236,7 @@ func New(cfg Config) (*Step, error) {
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
 	}
+	g.orphans = &orphans{g: g, stop: make(chan struct{})}
 	for _, m := range cfg.RequireKey {
 		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
 			g.require[m] = true
@@ -314,6 +320,13 @@ func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) 
 func retryAfter(wait time.Duration) int {
 	return max(int(wait/time.Second), 1)
 }
+
+// Close stops the step's background work: the releases of claims whose
+// answer was lost (their locks then end with their leases). Requests
+// still in flight keep renewing their leases until they end. Call it
+// once no request is served any more; it is optional, since the
+// background work ends by itself within a lease of the last failed claim.
+func (g *Step) Close() { g.orphans.close() }
 
 // Config returns the step's settings, with every default applied.
 func (g *Step) Config() Config { return g.cfg }

@@ -65,7 +65,7 @@ func InfoFrom(ctx context.Context) *Info {
 // Prometheus (proxy.NewMetrics); Config.Metrics nil discards them.
 type Metrics interface {
 	// ObserveStoreOp observes one store operation ("claim", "complete",
-	// "release", "lookup") and how long it took.
+	// "release", "lookup", "renew") and how long it took.
 	ObserveStoreOp(op string, d time.Duration)
 	// CountRecordWriteFailure counts a command that succeeded but whose
 	// record could not be written: its key stays locked until the lease
@@ -74,6 +74,11 @@ type Metrics interface {
 	// CountLockLost counts a completion or release refused because the
 	// lock had been claimed again or deleted.
 	CountLockLost()
+	// CountRenewalFailure counts a renewal of the lease of a command in
+	// flight that failed: lost when the lock had been deleted or taken
+	// over (the renewals stop, and a retry may run the command again),
+	// otherwise because the store did not answer (it is tried again).
+	CountRenewalFailure(lost bool)
 	// AddBuffered adds delta (negative to give back) to the bytes of
 	// keyed request bodies and of responses held for records buffered
 	// now.
@@ -86,4 +91,5 @@ type noMetrics struct{}
 func (noMetrics) ObserveStoreOp(string, time.Duration) {}
 func (noMetrics) CountRecordWriteFailure()             {}
 func (noMetrics) CountLockLost()                       {}
+func (noMetrics) CountRenewalFailure(bool)             {}
 func (noMetrics) AddBuffered(int64)                    {}

@@ -45,13 +45,15 @@ import (
 //   - next's context does not end when the client goes away: a command
 //     that started runs to the end and is recorded, so the client's retry
 //     replays it. It ends after UpstreamTimeout, which next should honour;
-//     the lease (LockTimeout) must outlast next.
+//     the lease (LockTimeout) is renewed until next returns, so a retry
+//     meanwhile gets 409 however long next runs.
 //   - CommandID(ctx) gives next the command's id, which the response also
 //     carries as Idempotency-Command-Id.
 //
 // The crash window is the sidecar's: if the process dies after next took
-// effect and before the record is written, the lock ends with its lease
-// and a retry runs next again (at least once under crashes). Requests
+// effect and before the record is written, renewals stop, the lock ends
+// with its lease and a retry runs next again (at least once under
+// crashes). Requests
 // that are not checked pass to next untouched.
 func (g *Step) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

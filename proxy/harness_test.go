@@ -252,6 +252,7 @@ func newEnv(t *testing.T, opts ...option) *env {
 			Store:           e.mem,
 			LockTimeout:     10 * time.Second,
 			UpstreamTimeout: 2 * time.Second,
+			StoreTimeout:    3 * time.Second,
 			KeyTTL:          time.Hour,
 			Metrics:         proxy.NewMetrics(nil),
 		},

@@ -558,10 +558,8 @@ func TestConfigRefused(t *testing.T) {
 	}{
 		{"a safe method must carry a key", func(c *proxy.Config) { c.RequireKey = []string{"get"} }, "RequireKey"},
 		{"not a method", func(c *proxy.Config) { c.RequireKey = []string{"PO ST"} }, "RequireKey"},
-		{"lease not above the upstream timeout", func(c *proxy.Config) { c.LockTimeout, c.UpstreamTimeout = time.Second, time.Second }, "LockTimeout"},
-		{"no room to record within the lease", func(c *proxy.Config) {
-			c.LockTimeout, c.UpstreamTimeout, c.StoreTimeout = 6*time.Second, time.Second, 5*time.Second
-		}, "LockTimeout"},
+		{"lease not above twice the store timeout", func(c *proxy.Config) { c.LockTimeout, c.StoreTimeout = 2*time.Second, time.Second }, "LockTimeout"},
+		{"lease below the default store timeout's twice", func(c *proxy.Config) { c.LockTimeout = 10 * time.Second }, "LockTimeout"},
 		{"unknown mode", func(c *proxy.Config) { c.Mode = "replayy" }, "Mode"},
 		{"buffers smaller than one body", func(c *proxy.Config) { c.MaxBodyBytes, c.MaxBufferedBytes = 2<<20, 1<<20 }, "MaxBufferedBytes"},
 		{"negative duration", func(c *proxy.Config) { c.KeyTTL = -time.Second }, "KeyTTL"},

@@ -43,7 +43,7 @@ func newService(t *testing.T, st option, set func(*idempotency.Config)) *service
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":1}`)
 	}
-	cfg := idempotency.Config{Store: s.store, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second,
+	cfg := idempotency.Config{Store: s.store, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second, StoreTimeout: 3 * time.Second,
 		KeyTTL: time.Hour, Metrics: proxy.NewMetrics(nil)}
 	if set != nil {
 		set(&cfg)
@@ -52,6 +52,7 @@ func newService(t *testing.T, st option, set func(*idempotency.Config)) *service
 	if err != nil {
 		t.Fatalf("idempotency.New: %v", err)
 	}
+	t.Cleanup(idem.Close)
 	resolver, err := tenancy.New(t.Context(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
 	if err != nil {
 		t.Fatal(err)

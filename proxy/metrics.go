@@ -17,6 +17,7 @@ type Metrics struct {
 	StoreDuration       *prometheus.HistogramVec
 	RecordWriteFailures prometheus.Counter
 	LockLost            prometheus.Counter
+	RenewalFailures     *prometheus.CounterVec
 	RecordCacheHits     prometheus.Counter
 	BufferedBytes       prometheus.Gauge
 }
@@ -36,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		StoreDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_store_duration_seconds",
-			Help:    "Duration of idempotency store operations, by op (claim, complete, release, lookup).",
+			Help:    "Duration of idempotency store operations, by op (claim, complete, release, lookup, renew).",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18),
 		}, []string{"op"}),
 		RecordWriteFailures: prometheus.NewCounter(prometheus.CounterOpts{
@@ -47,6 +48,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_lock_lost_total",
 			Help: "Completions or releases refused because the lock had expired and been claimed again or deleted.",
 		}),
+		RenewalFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_lease_renewal_failures_total",
+			Help: "Renewals of the lease of a command in flight that failed, by reason: store_unavailable (tried again while the lease lasts) or lock_lost (the lock was deleted or taken over; a retry may run the command again).",
+		}, []string{"reason"}),
 		RecordCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemproxy_record_cache_hits_total",
 			Help: "Replays answered from this replica's cache of succeeded records, without a store round trip.",
@@ -59,12 +64,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, o := range idempotency.Outcomes {
 		m.Requests.WithLabelValues(o)
 	}
-	for _, op := range []string{"claim", "complete", "release", "lookup"} {
+	for _, op := range []string{"claim", "complete", "release", "lookup", "renew"} {
 		m.StoreDuration.WithLabelValues(op)
 	}
+	for _, reason := range []string{renewalUnavailable, renewalLockLost} {
+		m.RenewalFailures.WithLabelValues(reason)
+	}
 	if reg != nil {
-		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RecordCacheHits,
-			m.BufferedBytes)
+		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RenewalFailures,
+			m.RecordCacheHits, m.BufferedBytes)
 	}
 	return m
 }
@@ -79,6 +87,21 @@ func (m *Metrics) CountRecordWriteFailure() { m.RecordWriteFailures.Inc() }
 
 // CountLockLost counts idemproxy_lock_lost_total.
 func (m *Metrics) CountLockLost() { m.LockLost.Inc() }
+
+// The reasons of idemproxy_lease_renewal_failures_total.
+const (
+	renewalUnavailable = "store_unavailable"
+	renewalLockLost    = "lock_lost"
+)
+
+// CountRenewalFailure counts idemproxy_lease_renewal_failures_total{reason}.
+func (m *Metrics) CountRenewalFailure(lost bool) {
+	reason := renewalUnavailable
+	if lost {
+		reason = renewalLockLost
+	}
+	m.RenewalFailures.WithLabelValues(reason).Inc()
+}
 
 // AddBuffered moves idemproxy_buffered_bytes by delta.
 func (m *Metrics) AddBuffered(delta int64) { m.BufferedBytes.Add(float64(delta)) }

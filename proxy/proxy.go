@@ -128,9 +128,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.handler.ServeHTTP(w, r)
 }
 
-// Close closes the idle connections to the upstream. Call it once the
-// server in front of the proxy has shut down.
+// Close stops the idempotency step's background work (Step.Close) and
+// closes the idle connections to the upstream. Call it once the server in
+// front of the proxy has shut down.
 func (p *Proxy) Close() {
+	p.idem.Close()
 	if t, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
 		t.CloseIdleConnections()
 	}

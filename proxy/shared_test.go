@@ -25,7 +25,7 @@ func replica(t *testing.T, up *upstream, st idemproxy.Store) *httptest.Server {
 	t.Helper()
 	p, err := proxy.New(proxy.Config{
 		Upstream: up.url(), Tenancy: mustResolver(t),
-		Config: idempotency.Config{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second},
+		Config: idempotency.Config{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second, StoreTimeout: 3 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -319,8 +319,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}{
 		{map[string]string{"IDEMPROXY_UPSTREAM_URL": ""}, "IDEMPROXY_UPSTREAM_URL is required"},
 		{map[string]string{"IDEMPROXY_UPSTREAM_URL": "orders:8081"}, "IDEMPROXY_UPSTREAM_URL must be an absolute"},
-		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "30s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"},
-		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "33s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT + IDEMPROXY_STORE_TIMEOUT"},
+		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "10s"}, "IDEMPROXY_LOCK_TIMEOUT must exceed twice IDEMPROXY_STORE_TIMEOUT (10s <= 2 × 5s)"},
+		{map[string]string{"IDEMPROXY_LOCK_TIMEOUT": "3s", "IDEMPROXY_STORE_TIMEOUT": "1500ms"}, "IDEMPROXY_LOCK_TIMEOUT must exceed twice IDEMPROXY_STORE_TIMEOUT"},
 		{map[string]string{"IDEMPROXY_KEY_TTL": "soon"}, `IDEMPROXY_KEY_TTL must be a duration such as 30s, 500ms, 5m or 1h30m, got "soon"`},
 		{map[string]string{"IDEMPROXY_KEY_TTL": "-1h"}, "IDEMPROXY_KEY_TTL must be a positive duration"},
 		{map[string]string{"IDEMPROXY_MODE": "loose"}, "IDEMPROXY_MODE must be noop, strict or replay"},
@@ -411,7 +411,7 @@ func TestMain(m *testing.M) {
 func TestBadConfigExits(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_RUN_MAIN=1",
-		"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_UPSTREAM_TIMEOUT=90s",
+		"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE_TIMEOUT=40s",
 		"IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -420,7 +420,7 @@ func TestBadConfigExits(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
 		t.Fatalf("exit: got %v, want a non-zero exit", err)
 	}
-	if want := "IDEMPROXY_LOCK_TIMEOUT must exceed IDEMPROXY_UPSTREAM_TIMEOUT"; !strings.Contains(stderr.String(), want) {
+	if want := "IDEMPROXY_LOCK_TIMEOUT must exceed twice IDEMPROXY_STORE_TIMEOUT"; !strings.Contains(stderr.String(), want) {
 		t.Fatalf("stderr %q does not contain %q", stderr.String(), want)
 	}
 }

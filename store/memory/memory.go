@@ -445,6 +445,26 @@ func (m *Store) Release(_ context.Context, tenant uuid.UUID, key string, owner u
 	return nil
 }
 
+// Renew moves the end of the caller's lease to lease from now, even after
+// it ended if the lock is still kept (LockGrace) and nobody claimed the
+// key since. It fails with idemproxy.ErrNotOwner if the lock is gone,
+// completed or held by another owner.
+func (m *Store) Renew(_ context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error {
+	now := m.now().UnixNano()
+	k := memKey{tenant, key}
+	sh := m.shard(tenant, key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || e.state != idemproxy.StateInFlight || e.owner != owner {
+		return idemproxy.ErrNotOwner
+	}
+	e.expires = now + int64(lease)
+	sh.m[k] = e
+	sh.earliest = min(sh.earliest, e.expires)
+	return nil
+}
+
 // Lookup returns the live lock or record for (tenant, key), or
 // idemproxy.ErrNotFound.
 func (m *Store) Lookup(_ context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {

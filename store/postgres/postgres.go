@@ -307,6 +307,25 @@ func (p *Store) releaseOne(ctx context.Context, a releaseArgs) error {
 	return nil
 }
 
+// Renew moves the end of the caller's lease to lease from now, by the
+// database's clock, even after it ended if no one claimed the key since
+// (and the purge has not deleted the row, LockGrace after its lease). It
+// fails with idemproxy.ErrNotOwner if the lock is gone, completed or held
+// by another owner. Renewals are rare (a few per lease of each command in
+// flight), so each is a statement of its own, never batched.
+func (p *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	tag, err := p.pool.Exec(ctx, renewSQL, pgUUID(tenant), key, pgUUID(owner), lease.Microseconds(), p.graceUS)
+	if err != nil {
+		return pgerr.Failure("renew", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
 // Lookup returns the live lock or record for (tenant, key), or
 // idemproxy.ErrNotFound.
 func (p *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {

@@ -78,6 +78,15 @@ WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
 const releaseSQL = `DELETE FROM idempotency_keys
 WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
 
+// renewSQL is the statement of Postgres.Renew: it moves the end of the
+// lease of the lock held by the owner, and the row's purge time with it,
+// or changes no row. Its parameters: $1 tenant, $2 key, $3 owner, $4
+// lease and $5 lock grace (both in microseconds).
+const renewSQL = `UPDATE idempotency_keys SET
+	lease_expires_at = now() + $4::bigint * interval '1 microsecond',
+	expires_at = now() + ($4::bigint + $5::bigint) * interval '1 microsecond'
+WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
+
 const lookupSQL = `SELECT ` + entryColumns + `
 FROM idempotency_keys
 WHERE tenant_id = $1 AND key = $2 AND COALESCE(lease_expires_at, expires_at) > now()`

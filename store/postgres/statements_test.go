@@ -116,6 +116,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 		"ClaimSQL":    claimParams(&c, 1),
 		"CompleteSQL": completeParams(&completeArgs{tenant: tenant, owner: c.Owner, key: "k", status: status, ttlUS: ttl}),
 		"releaseSQL":  {pgUUID(tenant), "k", owner},
+		"renewSQL":    {pgUUID(tenant), "k", owner, int64(time.Minute / time.Microsecond), int64(1)},
 		"lookupSQL":   {pgUUID(tenant), "k"},
 		"deleteSQL":   {pgUUID(tenant), "k"},
 		"listSQL":     {pgUUID(tenant), now, "", 10},

@@ -89,6 +89,9 @@ func (r *Store) probe(ctx context.Context) error {
 	if _, err := r.Claim(ctx, c); err != nil {
 		return err
 	}
+	if err := r.Renew(ctx, c.Tenant, key, c.Owner, c.Lease); err != nil {
+		return fmt.Errorf("store: redis start-up check: renew: %w", err)
+	}
 	if err := r.Complete(ctx, idemproxy.Completion{Key: key, Owner: c.Owner, Status: 200, TTL: time.Minute}); err != nil {
 		return fmt.Errorf("store: redis start-up check: complete: %w", err)
 	}

@@ -116,6 +116,26 @@ func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner
 	return nil
 }
 
+// Renew moves the end of the caller's lease to lease from now, by Redis's
+// clock, and the key's TTL to lease + LockGrace, even after the lease
+// ended if no one claimed the key since. It fails with
+// idemproxy.ErrNotOwner if the lock is gone, completed or held by another
+// owner. It waits for WaitReplicas as a claim does, so that a failover
+// does not shorten the lease, and it runs at maxmemory, where a claim is
+// refused: it grows nothing.
+func (r *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	v, err := r.run(ctx, renewScript, r.key(tenant, key), true, owner[:], max(lease.Microseconds(), 1), r.graceUS)
+	if err != nil {
+		return failure("renew", err)
+	}
+	if n, _ := v.(int64); n != 1 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
 // Lookup returns the live lock or record for (tenant, key), or
 // idemproxy.ErrNotFound.
 func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {

@@ -54,10 +54,10 @@ type Options struct {
 	// as warnings. go-redis keeps one logger per process, so the last store
 	// opened with a Logger sets it; nil leaves go-redis's (standard error).
 	Logger *slog.Logger
-	// WaitReplicas, when positive, makes every claim and completion wait
-	// (Redis WAIT, on the same connection) until that many replicas have
-	// acknowledged it; a write acknowledged by fewer fails with
-	// idemproxy.ErrUnavailable. Zero waits for none.
+	// WaitReplicas, when positive, makes every claim, renewal and
+	// completion wait (Redis WAIT, on the same connection) until that many
+	// replicas have acknowledged it; a write acknowledged by fewer fails
+	// with idemproxy.ErrUnavailable. Zero waits for none.
 	WaitReplicas int
 }
 
@@ -107,6 +107,9 @@ var (
 	//go:embed lookup.lua
 	lookupLua    string
 	lookupScript = newLuaScript(lookupLua)
+	//go:embed renew.lua
+	renewLua    string
+	renewScript = newLuaScript(renewLua)
 )
 
 // luaScript is a script and its source, which the autopipelined path sends

@@ -2,9 +2,10 @@
 // store runs it, the memory, Postgres and Redis stores as much
 // as a store written elsewhere. It checks what the contract on
 // idemproxy.Store promises and the proxy relies on: one claim wins, only
-// the owner completes or releases, leases and expiries judged by the
-// store's own clock, a lapsed lock still completing for its owner, tenants
-// that never see each other's entries, and List's order and paging.
+// the owner renews, completes or releases, leases and expiries judged by
+// the store's own clock, a lapsed lock still renewing and completing for
+// its owner, tenants that never see each other's entries, and List's
+// order and paging.
 //
 // A store's own test runs it with a function that gives each subtest a
 // Harness: the store, and a way to let time pass for it.
@@ -123,6 +124,12 @@ var suite = []struct {
 	{"an ended lease no one took over still completes or releases", testLapsedLockOwner},
 	{"an expired record is treated as nothing", testRecordExpired},
 	{"an ended lock can be deleted, and its owner is refused after", testDeleteEnded},
+	{"only the owner renews a lock", testRenewOwner},
+	{"a renewal moves the lease's end by the store's clock", testRenewStoreClock},
+	{"a lock renewed before its lease ends outlives it", testRenewOutlivesLease},
+	{"an ended lease no one took over renews for its owner", testRenewLapsed},
+	{"taken over, completed, released or deleted: the old owner cannot renew", testRenewAfterLoss},
+	{"a record is never renewed", testRenewRecord},
 	{"concurrent claims: exactly one wins", testConcurrentClaims},
 	{"a late completion racing takeovers: exactly one wins", testLateCompleteRace},
 	{"list pages through a tenant's live keys, newest first", testListPages},
