@@ -99,7 +99,8 @@ func TestRedisRefused(t *testing.T) {
 	srv.Do("secret", "ACL", "SETUSER", "prefixed", "on", ">pw", "~"+prefix+"*", "+@all")
 	// The narrow ACL the README gives.
 	srv.Do("secret", "ACL", "SETUSER", "narrow", "on", ">pw", "~"+prefix+"*",
-		"+evalsha", "+eval", "+del", "+ping", "+info", "+time", "+hmget", "+hset", "+pexpire")
+		"+evalsha", "+eval", "+del", "+ping", "+info", "+time", "+hmget", "+hget", "+hset", "+pexpire",
+		"+get", "+set", "+zadd", "+zrem", "+zscore", "+zrange", "+zremrangebyscore")
 	at := func(userinfo string) string { return "redis://" + userinfo + "@" + srv.Addr() + "/0" }
 	for _, tc := range []struct {
 		name, url, want string

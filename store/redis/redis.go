@@ -51,8 +51,10 @@ type Options struct {
 	// Not used with WaitReplicas.
 	AutoPipeline bool
 	// Logger receives go-redis's own messages (dial failures, reconnects)
-	// as warnings. go-redis keeps one logger per process, so the last store
-	// opened with a Logger sets it; nil leaves go-redis's (standard error).
+	// as warnings, and the index updates of a cluster that failed (the
+	// entry then missing from admin listings). go-redis keeps one logger
+	// per process, so the last store opened with a Logger sets it; nil
+	// leaves go-redis's (standard error) and drops the store's own.
 	Logger *slog.Logger
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// (Redis WAIT, on the same connection) until that many replicas have
@@ -61,9 +63,9 @@ type Options struct {
 	WaitReplicas int
 }
 
-// Redis is the store for replicas that share a Redis server or a Redis
-// Cluster. Each operation is one server-side Lua script on one Redis key,
-// atomic on the server; leases and expiry are judged by Redis's clock
+// Store is the store for replicas that share a Redis server or a Redis
+// Cluster. Each operation is one server-side Lua script on the entry's
+// key (and on a single server its tenant's index), atomic on the server; leases and expiry are judged by Redis's clock
 // (TIME), and every key carries a TTL (lease + LockGrace for a lock,
 // the record's TTL for a record), so Redis's own expiry purges them. It is
 // safe for concurrent use.
@@ -72,8 +74,20 @@ type Options struct {
 // with '%', '{' and '}' percent-encoded. The tenant's UUID has a fixed
 // length, so no two (tenant, key) pairs share a Redis key; the encoded key
 // has no '{', so no client-chosen key can pick a Cluster hash tag, and the
-// keys of every tenant spread over all the Cluster's slots. A tenant's
-// entries are found by SCAN MATCH Prefix + tenant + ":*" on every master.
+// keys of every tenant spread over all the Cluster's slots.
+//
+// Each tenant also has an index for the admin listing: a sorted set of its
+// keys scored by their created time, Prefix + '{' + tenant + "}:index",
+// and beside it (same hash tag, so same slot) the longest life of an
+// entry indexed there, Prefix + '{' + tenant + "}:life"; neither can meet
+// an entry's key, whose tenant part begins with a hex digit. On a single
+// server the scripts keep the index in the same atomic step as the entry.
+// On a cluster the entry and the index are in different slots, so the
+// store updates the index with a second script once the entry's has
+// answered (one more round trip for a claim that locks, a completion, a
+// release and a delete); List checks every key it takes from the index
+// against its entry, drops the keys of ended entries and moves those the
+// index has at another time.
 type Store struct {
 	c            goredis.UniversalClient
 	pipeline     *goredis.AutoPipeliner // nil unless AutoPipeline
@@ -82,6 +96,7 @@ type Store struct {
 	opTimeout    time.Duration
 	graceUS      int64
 	waitReplicas int
+	log          *slog.Logger // for the index updates of a cluster that failed
 }
 
 // DefaultPrefix begins the store's keys when Options.Prefix is
@@ -93,7 +108,9 @@ const DefaultPrefix = "idemproxy:"
 var CompleteSHA = completeScript.Hash()
 
 // The scripts. Times are microseconds of Redis's clock, formatted with
-// %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years).
+// %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years). Each
+// declares its flags (Redis 7): those without allow-oom or no-writes are
+// refused as a whole by a server out of memory.
 var (
 	//go:embed claim.lua
 	claimLua    string
@@ -107,6 +124,18 @@ var (
 	//go:embed lookup.lua
 	lookupLua    string
 	lookupScript = newLuaScript(lookupLua)
+	//go:embed delete.lua
+	deleteLua    string
+	deleteScript = newLuaScript(deleteLua)
+	//go:embed index.lua
+	indexLua    string
+	indexScript = newLuaScript(indexLua)
+	//go:embed reindex.lua
+	reindexLua    string
+	reindexScript = newLuaScript(reindexLua)
+	//go:embed ping.lua
+	pingLua    string
+	pingScript = newLuaScript(pingLua)
 )
 
 // luaScript is a script and its source, which the autopipelined path sends
@@ -136,14 +165,16 @@ func New(opts Options) (*Store, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	if opts.Logger != nil {
-		goredis.SetLogger(logAdapter{opts.Logger})
-	}
 	r := &Store{
 		prefix:       opts.Prefix,
 		opTimeout:    opts.OpTimeout,
 		graceUS:      opts.LockGrace.Microseconds(),
 		waitReplicas: opts.WaitReplicas,
+		log:          slog.New(slog.DiscardHandler),
+	}
+	if opts.Logger != nil {
+		goredis.SetLogger(logAdapter{opts.Logger})
+		r.log = opts.Logger
 	}
 	// The operation's context bounds every wait (ContextTimeoutEnabled);
 	// the socket timeouts are only a backstop. A command is retried once
@@ -230,7 +261,7 @@ func (r *Store) Close() error {
 	return r.c.Close()
 }
 
-// key is the Redis key of (tenant, key); see Redis.
+// key is the Redis key of (tenant, key); see Store.
 func (r *Store) key(tenant uuid.UUID, key string) string {
 	var b strings.Builder
 	b.Grow(len(r.prefix) + 37 + len(key) + 8)
@@ -252,6 +283,24 @@ func (r *Store) key(tenant uuid.UUID, key string) string {
 		}
 	}
 	return b.String()
+}
+
+// indexKeys returns the keys of tenant's index and of the longest life of
+// an entry indexed there; see Store.
+func (r *Store) indexKeys(tenant uuid.UUID) (index, life string) {
+	tag := r.prefix + "{" + tenant.String() + "}:"
+	return tag + "index", tag + "life"
+}
+
+// scriptKeys returns the KEYS of a script on (tenant, key): the entry's
+// key, and on a single server the tenant's index keys, which the script
+// keeps in step with the entry.
+func (r *Store) scriptKeys(tenant uuid.UUID, key string) []string {
+	if r.cluster != nil {
+		return []string{r.key(tenant, key)}
+	}
+	index, life := r.indexKeys(tenant)
+	return []string{r.key(tenant, key), index, life}
 }
 
 // hexUUID writes u's canonical form into dst (36 bytes) without the

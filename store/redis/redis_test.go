@@ -37,17 +37,23 @@ func newTestRedis(t testing.TB, opts Options) *Store {
 }
 
 // redisHarness is the contract harness of a Redis store: Advance moves the
-// times of each of the tenant's entries back, on every master.
+// times of each of the tenant's entries back, on every master, and in the
+// tenant's index; SetCreated sets one entry's, in both.
 func redisHarness(t *testing.T, opts Options) storetest.Harness {
 	r := newTestRedis(t, opts)
 	return storetest.Harness{Store: r, Advance: func(t *testing.T, tenant uuid.UUID, d time.Duration) {
 		t.Helper()
-		redistest.Age(t, r.c, r.key(tenant, "")+"*", d)
+		redistest.Age(t, r.c, r.prefix, tenant.String(), d)
 	}, SetCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
 		t.Helper()
 		n, err := r.c.HSet(t.Context(), r.key(tenant, key), "ca", strconv.FormatInt(at.UnixMicro(), 10)).Result()
 		if err != nil || n != 0 {
 			t.Fatalf("setCreated (%s, %q): %d fields added, %v", tenant, key, n, err)
+		}
+		index, _ := r.indexKeys(tenant)
+		n, err = r.c.ZAddXX(t.Context(), index, goredis.Z{Score: float64(at.UnixMicro()), Member: key}).Result()
+		if err != nil {
+			t.Fatalf("setCreated (%s, %q) in the index: %v", tenant, key, err)
 		}
 	}}
 }
