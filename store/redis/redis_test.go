@@ -102,6 +102,16 @@ func TestRedisClusterContract(t *testing.T) {
 		}
 	})
 
+	t.Run("a single-server store on a cluster node is named misconfigured", func(t *testing.T) {
+		for _, db := range []string{"0", "1"} {
+			r := newTestRedis(t, Options{URL: "redis://" + cluster.Nodes[0].Addr() + "/" + db})
+			var mis *idemproxy.MisconfiguredError
+			if err := r.Check(t.Context()); !errors.As(err, &mis) || mis.Reason != ReasonClusterMode {
+				t.Errorf("Check with database %s: got %v, want a MisconfiguredError with reason %q", db, err, ReasonClusterMode)
+			}
+		}
+	})
+
 	t.Run("check reads every master's maxmemory-policy", func(t *testing.T) {
 		r := newTestRedis(t, Options{URL: cluster.URL(), Cluster: true})
 		if err := r.Check(t.Context()); err != nil {
@@ -230,6 +240,20 @@ func TestRedisScriptFlush(t *testing.T) {
 					srv.Do("", "SCRIPT", "FLUSH")
 					return r.Release(t.Context(), tenant, c3.Key, c3.Owner)
 				}},
+				{"delete", func() error {
+					c4 := storetest.NewClaim(tenant, "order-4", "a")
+					storetest.MustClaim(t, r, c4)
+					srv.Do("", "SCRIPT", "FLUSH")
+					return r.Delete(t.Context(), tenant, c4.Key)
+				}},
+				{"list", func() error {
+					page, err := r.List(t.Context(), tenant, idemproxy.ListOptions{})
+					if err == nil && len(page.Entries) != 2 {
+						err = fmt.Errorf("%d entries listed, want 2", len(page.Entries))
+					}
+					return err
+				}},
+				{"ping", func() error { return r.Ping(t.Context()) }},
 			}
 			for _, step := range steps {
 				srv.Do("", "SCRIPT", "FLUSH")
