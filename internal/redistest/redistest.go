@@ -364,10 +364,11 @@ if left <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1],
 return 1`
 
 // ageIndexLua moves every key of a Redis store's tenant index (KEYS[1])
-// ARGV[1] µs into the past, with the created times of the entries.
+// ARGV[1] µs into the past, with the created times of the entries; the
+// index's member "", with a negative score, is not a key.
 const ageIndexLua = `#!lua flags=allow-oom
 local d = tonumber(ARGV[1])
-local z = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local z = redis.call('ZRANGE', KEYS[1], 0, '+inf', 'BYSCORE', 'WITHSCORES')
 for i = 1, #z, 2 do
   redis.call('ZADD', KEYS[1], string.format('%d', tonumber(z[i + 1]) - d), z[i])
 end

@@ -87,6 +87,8 @@ func TestAgeCountDelete(t *testing.T) {
 					c.ZAdd(ctx, IndexKey(p, tenant), redis.Z{Score: 1000000, Member: fmt.Sprintf("k%d", i)})
 				}
 			}
+			// The store's index keeps its longest life as member "".
+			c.ZAdd(ctx, IndexKey(prefix, tenant), redis.Z{Score: -3600e6, Member: ""})
 			match := prefix + tenant + ":*"
 			if got := Count(t, c, match); got != 20 {
 				t.Fatalf("Count: got %d, want 20", got)
@@ -106,6 +108,9 @@ func TestAgeCountDelete(t *testing.T) {
 				if want, _ := strconv.ParseFloat(tc.ca, 64); err != nil || score != want {
 					t.Errorf("k7 in the index of %s after Age: score %v (%v), want %s", tc.prefix, score, err, tc.ca)
 				}
+			}
+			if score, err := c.ZScore(ctx, IndexKey(prefix, tenant), "").Result(); err != nil || score != -3600e6 {
+				t.Errorf("the index's member \"\" after Age: %v (%v), want it left at -3600e6", score, err)
 			}
 			if ttl := c.PTTL(ctx, prefix+tenant+":k7").Val(); ttl > time.Hour-3*time.Second {
 				t.Errorf("TTL after Age = %s, want 3s shorter than an hour", ttl)

@@ -1,10 +1,9 @@
 #!lua
 -- Claim (tenant, key) for a new command, or report the live entry there.
--- KEYS[1]: the entry; on a single server also KEYS[2], KEYS[3]: the
--- tenant's index and its longest life (see index below; on a cluster the
--- store indexes the entry after this script, with index.lua). ARGV: owner,
--- command id, command type, fingerprint, lease (µs), grace (µs), key.
--- Judged by Redis's clock. Returns {1, now} when claimed, else {0, now,
+-- KEYS[1]: the entry; on a single server also KEYS[2]: the tenant's index
+-- (see index below; on a cluster the store indexes the entry after this
+-- script, with index.lua). ARGV: owner, command id, command type,
+-- fingerprint, lease (µs), grace (µs), key. Judged by Redis's clock. Returns {1, now} when claimed, else {0, now,
 -- state, command id, command type, fingerprint, created, ends, status,
 -- header, body, truncated}.
 --
@@ -15,18 +14,23 @@
 
 -- index puts member at score created (µs) in the tenant's index idx, a
 -- sorted set of its keys by creation time that the admin listing pages
--- through. The key life holds the longest life (µs) of an entry indexed
--- there: members older than that, and a minute for the clocks of a
--- cluster's nodes, are of ended entries and are trimmed, and the index
+-- through. Its member '' (the store indexes no empty key) holds, as a
+-- negative score, the longest life (µs) of an entry indexed there: keys
+-- older than that, and a minute for the clocks of a cluster's nodes, are
+-- of ended entries and are trimmed when trim is set, and the index
 -- outlives its newest entry by as long.
-local function index(idx, life, member, created, entryLife)
-  local longest = math.max(tonumber(redis.call('GET', life) or 0), entryLife)
+local function index(idx, member, created, life, trim)
+  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
+  if life > longest then
+    longest = life
+    redis.call('ZADD', idx, string.format('%d', -longest), '')
+  end
   local keep = longest + 60000000
-  local ms = string.format('%d', math.ceil(keep / 1000))
-  redis.call('SET', life, string.format('%d', longest), 'PX', ms)
   redis.call('ZADD', idx, string.format('%d', created), member)
-  redis.call('ZREMRANGEBYSCORE', idx, '-inf', string.format('(%d', created - keep))
-  redis.call('PEXPIRE', idx, ms)
+  if trim then
+    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
+  end
+  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
 end
 
 local t = redis.call('TIME')
@@ -46,6 +50,6 @@ redis.call('HSET', KEYS[1], 's', 'l', 'o', ARGV[1], 'c', ARGV[2], 't', ARGV[3], 
   'ca', string.format('%d', now), 'e', string.format('%d', now + lease))
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
 if KEYS[2] then
-  index(KEYS[2], KEYS[3], ARGV[7], now, life)
+  index(KEYS[2], ARGV[7], now, life, true)
 end
 return {1, now}

@@ -1,22 +1,26 @@
 #!lua
 -- Turn the lock held by an owner into a record, even after its lease
 -- ended if no one claimed the key since. KEYS[1]: the entry; on a single
--- server also KEYS[2], KEYS[3]: the tenant's index and its longest life
--- (see claim.lua). ARGV: owner, status, TTL (µs), responded, truncated,
--- has header, header (JSON), has body, body, key. Returns the record's
--- created time (µs), or 0 when the owner holds no lock there.
+-- server also KEYS[2]: the tenant's index (see claim.lua). ARGV: owner,
+-- status, TTL (µs), responded, truncated, has header, header (JSON), has
+-- body, body, key. Returns the record's created time (µs), or 0 when the
+-- owner holds no lock there.
 --
 -- No flags: a server out of memory refuses the whole script.
 
 -- index: as in claim.lua.
-local function index(idx, life, member, created, entryLife)
-  local longest = math.max(tonumber(redis.call('GET', life) or 0), entryLife)
+local function index(idx, member, created, life, trim)
+  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
+  if life > longest then
+    longest = life
+    redis.call('ZADD', idx, string.format('%d', -longest), '')
+  end
   local keep = longest + 60000000
-  local ms = string.format('%d', math.ceil(keep / 1000))
-  redis.call('SET', life, string.format('%d', longest), 'PX', ms)
   redis.call('ZADD', idx, string.format('%d', created), member)
-  redis.call('ZREMRANGEBYSCORE', idx, '-inf', string.format('(%d', created - keep))
-  redis.call('PEXPIRE', idx, ms)
+  if trim then
+    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
+  end
+  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
 end
 
 local e = redis.call('HMGET', KEYS[1], 's', 'o')
@@ -35,6 +39,6 @@ if ARGV[4] == '1' then
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(ttl / 1000)))
 if KEYS[2] then
-  index(KEYS[2], KEYS[3], ARGV[10], now, ttl)
+  index(KEYS[2], ARGV[10], now, ttl, false)
 end
 return now

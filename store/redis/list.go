@@ -27,7 +27,7 @@ func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	limit := opts.PageLimit()
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	index, _ := r.indexKeys(tenant)
+	index := r.indexKey(tenant)
 	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
 	// The next batch starts at score from (inclusive), past the first
 	// offset members there, which were read already.
@@ -38,7 +38,7 @@ func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	var last *indexed // the last member read
 	for batch := int64(limit + 1); ; batch = min(2*batch, 2*idemproxy.MaxListLimit) {
 		zs, err := r.c.ZRangeArgsWithScores(ctx, goredis.ZRangeArgs{
-			Key: index, Start: from, Stop: "-inf", ByScore: true, Rev: true, Offset: offset, Count: batch,
+			Key: index, Start: from, Stop: "0", ByScore: true, Rev: true, Offset: offset, Count: batch,
 		}).Result()
 		if err != nil {
 			return idemproxy.Page{}, failure("list", err)

@@ -63,7 +63,7 @@ func TestRedisListCostsAPage(t *testing.T) {
 // indexScore is key's score in tenant's index, and whether it is there.
 func indexScore(t *testing.T, r *Store, tenant uuid.UUID, key string) (int64, bool) {
 	t.Helper()
-	index, _ := r.indexKeys(tenant)
+	index := r.indexKey(tenant)
 	score, err := r.c.ZScore(t.Context(), index, key).Result()
 	if err == goredis.Nil {
 		return 0, false
@@ -123,15 +123,12 @@ func TestRedisIndex(t *testing.T) {
 			}
 			wantOut(done.Key, "delete")
 
-			// The index and its longest life outlive the newest entry.
+			// The index outlives the newest entry.
 			old := storetest.NewClaim(tenant, "old", "a")
 			storetest.MustClaim(t, r, old)
-			index, life := r.indexKeys(tenant)
 			entryTTL := r.c.PTTL(ctx, r.key(tenant, old.Key)).Val()
-			for _, k := range []string{index, life} {
-				if ttl := r.c.PTTL(ctx, k).Val(); ttl < entryTTL {
-					t.Errorf("%s expires in %s, before the entry (%s)", k, ttl, entryTTL)
-				}
+			if ttl := r.c.PTTL(ctx, r.indexKey(tenant)).Val(); ttl < entryTTL {
+				t.Errorf("the index expires in %s, before the entry (%s)", ttl, entryTTL)
 			}
 			// Past the longest life (lease + grace), a claim trims the
 			// key, whose entry Redis has expired.
@@ -158,7 +155,7 @@ func TestRedisListPrunes(t *testing.T) {
 	// k0 ended (lease over), k1 expired by Redis, k2 indexed an hour early.
 	r.c.HSet(ctx, r.key(tenant, "k0"), "e", "1")
 	r.c.Del(ctx, r.key(tenant, "k1"))
-	index, _ := r.indexKeys(tenant)
+	index := r.indexKey(tenant)
 	k2, _ := indexScore(t, r, tenant, "k2")
 	r.c.ZAdd(ctx, index, goredis.Z{Score: float64(k2 - time.Hour.Microseconds()), Member: "k2"})
 
@@ -198,7 +195,7 @@ func TestRedisListTiesAndGaps(t *testing.T) {
 	r := newTestRedis(t, Options{URL: redistest.SharedURL(t)})
 	ctx := t.Context()
 	tenant := uuid.New()
-	index, _ := r.indexKeys(tenant)
+	index := r.indexKey(tenant)
 	var (
 		want []string
 		at   int64
@@ -247,7 +244,7 @@ func TestRedisUnindexedEntry(t *testing.T) {
 	ctx := t.Context()
 	c := storetest.NewClaim(uuid.New(), "before-upgrade", "a")
 	storetest.MustClaim(t, r, c)
-	index, _ := r.indexKeys(c.Tenant)
+	index := r.indexKey(c.Tenant)
 	r.c.ZRem(ctx, index, c.Key)
 
 	if res := storetest.MustClaim(t, r, storetest.NewClaim(c.Tenant, c.Key, "a")); res.Claimed {

@@ -194,11 +194,10 @@ func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error 
 // again), and a record is missing from the first listing that meets it,
 // which puts it back.
 func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created, life int64) {
-	if r.cluster == nil {
+	if r.cluster == nil || key == "" {
 		return
 	}
-	index, lifeKey := r.indexKeys(tenant)
-	if _, err := r.run(ctx, indexScript, []string{index, lifeKey}, false, key, created, life); err != nil {
+	if _, err := r.run(ctx, indexScript, []string{r.indexKey(tenant)}, false, key, created, life); err != nil {
 		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings miss the key until it changes again",
 			"tenant", tenant, "key", key, "error", err)
 	}
@@ -209,11 +208,10 @@ func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created
 // that dropped the entry did. A failure leaves a key that List drops when
 // it meets it.
 func (r *Store) unindex(ctx context.Context, tenant uuid.UUID, key, created string) {
-	if r.cluster == nil {
+	if r.cluster == nil || key == "" {
 		return
 	}
-	index, _ := r.indexKeys(tenant)
-	_, _ = r.run(ctx, reindexScript, []string{index}, false, key, created, "")
+	_, _ = r.run(ctx, reindexScript, []string{r.indexKey(tenant)}, false, key, created, "")
 }
 
 // parseEntry reads a script's entry reply: now, state, command id, command

@@ -78,12 +78,13 @@ type Options struct {
 //
 // Each tenant also has an index for the admin listing: a sorted set of its
 // keys scored by their created time, Prefix + '{' + tenant + "}:index",
-// and beside it (same hash tag, so same slot) the longest life of an
-// entry indexed there, Prefix + '{' + tenant + "}:life"; neither can meet
-// an entry's key, whose tenant part begins with a hex digit. On a single
-// server the scripts keep the index in the same atomic step as the entry.
-// On a cluster the entry and the index are in different slots, so the
-// store updates the index with a second script once the entry's has
+// which cannot meet an entry's key (whose tenant part begins with a hex
+// digit). Its member "" records the longest life of an entry indexed
+// there, by which claims trim the keys of ended entries, and the index
+// expires after its newest entry; so the store indexes no empty key. On a
+// single server the scripts keep the index in the same atomic step as the
+// entry. On a cluster the entry and the index are in different slots, so
+// the store updates the index with a second script once the entry's has
 // answered (one more round trip for a claim that locks, a completion, a
 // release and a delete); List checks every key it takes from the index
 // against its entry, drops the keys of ended entries and moves those the
@@ -285,22 +286,19 @@ func (r *Store) key(tenant uuid.UUID, key string) string {
 	return b.String()
 }
 
-// indexKeys returns the keys of tenant's index and of the longest life of
-// an entry indexed there; see Store.
-func (r *Store) indexKeys(tenant uuid.UUID) (index, life string) {
-	tag := r.prefix + "{" + tenant.String() + "}:"
-	return tag + "index", tag + "life"
+// indexKey returns the key of tenant's index; see Store.
+func (r *Store) indexKey(tenant uuid.UUID) string {
+	return r.prefix + "{" + tenant.String() + "}:index"
 }
 
 // scriptKeys returns the KEYS of a script on (tenant, key): the entry's
-// key, and on a single server the tenant's index keys, which the script
-// keeps in step with the entry.
+// key, and on a single server the tenant's index, which the script keeps
+// in step with the entry (unless key is empty: see Store).
 func (r *Store) scriptKeys(tenant uuid.UUID, key string) []string {
-	if r.cluster != nil {
+	if r.cluster != nil || key == "" {
 		return []string{r.key(tenant, key)}
 	}
-	index, life := r.indexKeys(tenant)
-	return []string{r.key(tenant, key), index, life}
+	return []string{r.key(tenant, key), r.indexKey(tenant)}
 }
 
 // hexUUID writes u's canonical form into dst (36 bytes) without the

@@ -50,7 +50,7 @@ func redisHarness(t *testing.T, opts Options) storetest.Harness {
 		if err != nil || n != 0 {
 			t.Fatalf("setCreated (%s, %q): %d fields added, %v", tenant, key, n, err)
 		}
-		index, _ := r.indexKeys(tenant)
+		index := r.indexKey(tenant)
 		n, err = r.c.ZAddXX(t.Context(), index, goredis.Z{Score: float64(at.UnixMicro()), Member: key}).Result()
 		if err != nil {
 			t.Fatalf("setCreated (%s, %q) in the index: %v", tenant, key, err)
