@@ -5,9 +5,9 @@
 // Without Redis a test is skipped loudly on a developer's machine and
 // fails under CI=true: a missing Redis never passes as a skip in CI.
 //
-// Age, Count and Delete reach a Redis store's entries from outside, for
-// tests of code above the store (the proxy's, the fault suite's); Through
-// puts a faultnet proxy between a store and its server.
+// Age, Count, Delete and IndexKey reach a Redis store's entries and index
+// from outside, for tests of code above the store (the proxy's, the fault
+// suite's); Through puts a faultnet proxy between a store and its server.
 //
 // It imports no idemproxy package but internal/faultnet, so the store
 // package's own tests can use it.

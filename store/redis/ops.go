@@ -188,17 +188,17 @@ func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error 
 }
 
 // index puts key in tenant's index at created, on a cluster; on a single
-// server the script that changed the entry did. A failure leaves the key
-// out of the index, or at an older time, and is logged: a lock is then
-// missing from admin listings (its record, once completed, is indexed
-// again), and a record is missing from the first listing that meets it,
-// which puts it back.
+// server the script that changed the entry did. A failure is logged and
+// leaves the key out of the index, or at an older time: a new lock is then
+// missing from admin listings until its completion indexes it, and an
+// entry completed or claimed again until the first listing that meets it
+// at its older time moves it.
 func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created, life int64) {
 	if r.cluster == nil || key == "" {
 		return
 	}
 	if _, err := r.run(ctx, indexScript, []string{r.indexKey(tenant)}, false, key, created, life); err != nil {
-		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings miss the key until it changes again",
+		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings may miss the key for a while",
 			"tenant", tenant, "key", key, "error", err)
 	}
 }
