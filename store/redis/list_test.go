@@ -1,8 +1,11 @@
 package redis
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -260,4 +263,84 @@ func TestRedisUnindexedEntry(t *testing.T) {
 	if err != nil || len(page.Entries) != 1 || page.Entries[0].Key != c.Key {
 		t.Errorf("List after the completion: %+v, %v; want the record", page, err)
 	}
+}
+
+// TestRedisClusterIndexRefused: on a cluster, a claim whose entry's node
+// takes it but whose index's node refuses the index update (out of
+// memory) still locks the key, and logs the failure; the lock is missing
+// from listings until its completion indexes it.
+func TestRedisClusterIndexRefused(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t)
+	var logs syncBuffer
+	r := newTestRedis(t, Options{URL: cluster.URL(), Cluster: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	ctx := t.Context()
+	tenant := uuid.New()
+	nodeOf := func(key string) *redistest.Server {
+		t.Helper()
+		c, err := r.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range cluster.Nodes {
+			if n.Addr() == c.Options().Addr {
+				return n
+			}
+		}
+		t.Fatalf("no node at %s", c.Options().Addr)
+		return nil
+	}
+	indexNode := nodeOf(r.indexKey(tenant))
+	var c idemproxy.Claim
+	for i := 0; ; i++ {
+		c = storetest.NewClaim(tenant, fmt.Sprintf("k%d", i), "a")
+		if nodeOf(r.key(tenant, c.Key)) != indexNode {
+			break
+		}
+	}
+
+	indexNode.Do("", "CONFIG", "SET", "maxmemory", "1")
+	res, err := r.Claim(ctx, c)
+	indexNode.Do("", "CONFIG", "SET", "maxmemory", "0")
+	if err != nil || !res.Claimed {
+		t.Fatalf("claim with the index's node full: claimed %v, %v; want the key locked", res.Claimed, err)
+	}
+	if !strings.Contains(logs.String(), "index was not updated") {
+		t.Errorf("the failed index update was not logged: %s", logs.String())
+	}
+	listed := func() int {
+		t.Helper()
+		page, err := r.List(ctx, tenant, idemproxy.ListOptions{})
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		return len(page.Entries)
+	}
+	if n := listed(); n != 0 {
+		t.Errorf("the unindexed lock: %d entries listed, want none", n)
+	}
+	if err := r.Complete(ctx, storetest.Completion(c, 201, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n := listed(); n != 1 {
+		t.Errorf("after its completion: %d entries listed, want the record", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
