@@ -25,14 +25,14 @@ func (r *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimRe
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
 	keys := r.scriptKeys(c.Tenant, c.Key)
-	v, err := r.run(ctx, claimScript, keys, true,
+	v, err := r.runKeys(ctx, claimScript, keys, true,
 		c.Owner[:], c.CommandID[:], c.CommandType, c.Fingerprint[:], c.Lease.Microseconds(), r.graceUS, c.Key)
 	if short := (*waitShortfall)(nil); errors.As(err, &short) {
 		if reply, ok := v.([]any); ok && len(reply) > 0 && reply[0] == int64(1) {
 			// Locked on the primary only: the claim fails and nothing is
 			// forwarded, so drop the lock instead of leaving the key
 			// locked, and a retry refused, until the lease ends.
-			_, _ = r.run(ctx, releaseScript, keys, false, c.Owner[:], c.Key)
+			_, _ = r.runKeys(ctx, releaseScript, keys, false, c.Owner[:], c.Key)
 		}
 	}
 	if goredis.IsOOMError(err) {
@@ -116,7 +116,7 @@ func (r *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
 	ttl := max(c.TTL.Microseconds(), 1)
-	v, err := r.run(ctx, completeScript, r.scriptKeys(c.Tenant, c.Key), true,
+	v, err := r.runKeys(ctx, completeScript, r.scriptKeys(c.Tenant, c.Key), true,
 		c.Owner[:], c.Status, ttl, responded, truncated, hasHeader, header, hasBody, body, c.Key)
 	if err != nil {
 		return failure("complete", err)
@@ -134,7 +134,7 @@ func (r *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, releaseScript, r.scriptKeys(tenant, key), false, owner[:], key)
+	v, err := r.runKeys(ctx, releaseScript, r.scriptKeys(tenant, key), false, owner[:], key)
 	if err != nil {
 		return failure("release", err)
 	}
@@ -151,7 +151,7 @@ func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner
 func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, lookupScript, []string{r.key(tenant, key)}, false)
+	v, err := r.run(ctx, lookupScript, r.key(tenant, key), false)
 	if errors.Is(err, goredis.Nil) {
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
@@ -175,7 +175,7 @@ func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemp
 func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, deleteScript, r.scriptKeys(tenant, key), false, key)
+	v, err := r.runKeys(ctx, deleteScript, r.scriptKeys(tenant, key), false, key)
 	if err != nil {
 		return failure("delete", err)
 	}
@@ -197,7 +197,7 @@ func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created
 	if r.cluster == nil || key == "" {
 		return
 	}
-	if _, err := r.run(ctx, indexScript, []string{r.indexKey(tenant)}, false, key, created, life); err != nil {
+	if _, err := r.run(ctx, indexScript, r.indexKey(tenant), false, key, created, life); err != nil {
 		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings may miss the key for a while",
 			"tenant", tenant, "key", key, "error", err)
 	}
@@ -211,7 +211,7 @@ func (r *Store) unindex(ctx context.Context, tenant uuid.UUID, key, created stri
 	if r.cluster == nil || key == "" {
 		return
 	}
-	_, _ = r.run(ctx, reindexScript, []string{r.indexKey(tenant)}, false, key, created, "")
+	_, _ = r.run(ctx, reindexScript, r.indexKey(tenant), false, key, created, "")
 }
 
 // parseEntry reads a script's entry reply: now, state, command id, command

@@ -125,6 +125,10 @@ var (
 	//go:embed lookup.lua
 	lookupLua    string
 	lookupScript = newLuaScript(lookupLua)
+)
+
+// The scripts of the admin API, of the index and of Ping.
+var (
 	//go:embed delete.lua
 	deleteLua    string
 	deleteScript = newLuaScript(deleteLua)

@@ -10,10 +10,14 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
-// run runs a script on keys (all in one slot, the first naming it),
-// waiting for WaitReplicas replicas when wait is set and the store has
-// them.
-func (r *Store) run(ctx context.Context, s luaScript, keys []string, wait bool, args ...any) (any, error) {
+// run runs a script on key, waiting for WaitReplicas replicas when wait is
+// set and the store has them.
+func (r *Store) run(ctx context.Context, s luaScript, key string, wait bool, args ...any) (any, error) {
+	return r.runKeys(ctx, s, []string{key}, wait, args...)
+}
+
+// runKeys is run on several keys, all in one slot, the first naming it.
+func (r *Store) runKeys(ctx context.Context, s luaScript, keys []string, wait bool, args ...any) (any, error) {
 	switch {
 	case r.pipeline != nil:
 		return r.runPipelined(ctx, s, keys, args)
