@@ -49,8 +49,10 @@ func (r *Store) Ping(ctx context.Context) error {
 // operation: it claims, releases, claims, completes, looks up, lists and
 // deletes a key of its own under the nil tenant. A Redis that cannot be
 // reached, or that is out of memory, gives an error satisfying
-// errors.Is(err, idemproxy.ErrUnavailable): try again later. A check that retrying will not pass fails with an
-// *idemproxy.MisconfiguredError (which satisfies ErrUnavailable too).
+// errors.Is(err, idemproxy.ErrUnavailable): try again later. A check that
+// retrying will not pass fails with an *idemproxy.MisconfiguredError
+// (which satisfies ErrUnavailable too): among others a single-server
+// store on a cluster node (ReasonClusterMode).
 func (r *Store) Check(ctx context.Context) error {
 	policyCtx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	err := r.eachMaster(policyCtx, func(ctx context.Context, c goredis.Cmdable) error {

@@ -65,10 +65,11 @@ type Options struct {
 
 // Store is the store for replicas that share a Redis server or a Redis
 // Cluster. Each operation is one server-side Lua script on the entry's
-// key (and on a single server its tenant's index), atomic on the server; leases and expiry are judged by Redis's clock
-// (TIME), and every key carries a TTL (lease + LockGrace for a lock,
-// the record's TTL for a record), so Redis's own expiry purges them. It is
-// safe for concurrent use.
+// key (and on a single server its tenant's index), atomic on the server;
+// leases and expiry are judged by Redis's clock (TIME), and every key
+// carries a TTL (lease + LockGrace for a lock, the record's TTL for a
+// record), so Redis's own expiry purges them. It is safe for concurrent
+// use.
 //
 // The key of (tenant, key) is Prefix + the tenant's UUID + ':' + the key
 // with '%', '{' and '}' percent-encoded. The tenant's UUID has a fixed
