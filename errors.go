@@ -76,6 +76,33 @@ func (e *MisconfiguredError) Is(target error) bool {
 // Unwrap returns the cause.
 func (e *MisconfiguredError) Unwrap() error { return e.Err }
 
+// UnavailableError is a store failure that passes by itself (the
+// store is retried, never given up on) but whose cause the store can name,
+// such as a server out of memory that refuses writes. errors.Is reports
+// true for ErrUnavailable.
+type UnavailableError struct {
+	// Reason names the cause in a few fixed words that are safe to show
+	// on an unauthenticated endpoint; /readyz shows them as
+	// "not ready: <reason>".
+	Reason string
+	// Err is the store's own description, for the log. Nil means none.
+	Err error
+}
+
+// Error returns the reason followed by the cause.
+func (e *UnavailableError) Error() string {
+	if e.Err == nil {
+		return ErrUnavailable.Error() + ": " + e.Reason
+	}
+	return ErrUnavailable.Error() + ": " + e.Reason + ": " + e.Err.Error()
+}
+
+// Is reports whether target is ErrUnavailable.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unwrap returns the cause.
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
 // ConfigError is a setting that a constructor refuses. Struct and Field
 // name it as a Go program sets it ("proxy.Config", "LockTimeout"); Reason
 // says why, naming other fields of the same struct in braces

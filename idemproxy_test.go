@@ -79,3 +79,22 @@ func TestMisconfiguredError(t *testing.T) {
 		t.Error("a transient failure counts as permanent")
 	}
 }
+
+func TestUnavailableError(t *testing.T) {
+	cause := errors.New("OOM command not allowed when used memory > 'maxmemory'")
+	err := fmt.Errorf("claim: %w", &UnavailableError{Reason: "store refuses writes", Err: cause})
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrMisconfigured) || !errors.Is(err, cause) {
+		t.Errorf("%v: want it to be ErrUnavailable and its cause, not ErrMisconfigured", err)
+	}
+	var una *UnavailableError
+	if !errors.As(err, &una) || una.Reason != "store refuses writes" {
+		t.Errorf("errors.As: %+v", una)
+	}
+	if !strings.Contains(err.Error(), "store refuses writes") || !strings.Contains(err.Error(), "OOM") {
+		t.Errorf("%q names neither the reason nor the cause", err)
+	}
+	p := ProblemFor(err, nil)
+	if p.Type != ProblemStoreUnavailable || !strings.Contains(p.Detail, "store refuses writes") || strings.Contains(p.Detail, "OOM") || p.RetryAfter < 1 {
+		t.Errorf("problem: %+v, want store-unavailable naming the reason, not the cause, with Retry-After", p)
+	}
+}

@@ -114,7 +114,10 @@ func ProblemFor(err error, setting func(goName string) string) *Problem {
 	if setting == nil {
 		setting = func(goName string) string { return goName }
 	}
-	var mis *MisconfiguredError
+	var (
+		mis *MisconfiguredError
+		una *UnavailableError
+	)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return NewProblem(ProblemNotFound, "no lock or record for this tenant and key")
@@ -126,6 +129,8 @@ func ProblemFor(err error, setting func(goName string) string) *Problem {
 		p = NewProblem(ProblemStoreFull, "the idempotency store holds as many keys as it may ("+setting("memory.Options.MaxEntries")+"); nothing was forwarded or stored")
 	case errors.As(err, &mis):
 		p = NewProblem(ProblemStoreUnavailable, "the idempotency store is misconfigured ("+mis.Reason+"); nothing was forwarded or changed")
+	case errors.As(err, &una):
+		p = NewProblem(ProblemStoreUnavailable, "the idempotency store is unavailable ("+una.Reason+"); nothing was forwarded or changed")
 	default:
 		p = NewProblem(ProblemStoreUnavailable, "the idempotency store cannot be reached; nothing was forwarded or changed")
 	}

@@ -125,6 +125,7 @@ func redisBackend(t *testing.T) *backend {
 		c := redistest.Client(t, redisURL)
 		for _, tenant := range tenants {
 			redistest.Delete(t, c, redis.DefaultPrefix+tenant+":*")
+			redistest.Delete(t, c, redistest.IndexKey(redis.DefaultPrefix, tenant))
 		}
 	}
 	b.completion.marker = []byte(redis.CompleteSHA)

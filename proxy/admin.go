@@ -71,8 +71,10 @@ func (a *admin) healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz reports ready when the store can be used and the process is not
 // shutting down. When it is not, the status names why: "draining", "not
-// ready: store unavailable" (retried: the store is unreachable or slow)
-// or "not ready: " and a permanent cause, such as "schema missing".
+// ready: store unavailable" (retried: the store is unreachable or slow),
+// "not ready: " and a passing cause the store named (an
+// *idemproxy.UnavailableError, such as a Redis out of memory), or "not
+// ready: " and a permanent cause, such as "schema missing".
 func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Draining != nil && a.cfg.Draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
@@ -88,8 +90,13 @@ func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
 			return
 		}
-		a.log.WarnContext(r.Context(), "readiness: store unavailable", "error", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready: store unavailable"})
+		status := "not ready: store unavailable"
+		var una *idemproxy.UnavailableError
+		if errors.As(err, &una) {
+			status = "not ready: " + una.Reason
+		}
+		a.log.WarnContext(r.Context(), "readiness: "+status, "error", err)
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

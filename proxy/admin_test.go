@@ -223,6 +223,8 @@ func TestReadyzNamesTheCause(t *testing.T) {
 		{idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing, errors.New("no table")), http.StatusServiceUnavailable, "not ready: schema missing"},
 		{fmt.Errorf("wrapped: %w", idemproxy.Misconfigured(idemproxy.ReasonAuthentication, errors.New("FATAL: password authentication failed for user app"))),
 			http.StatusServiceUnavailable, "not ready: authentication failed"},
+		{fmt.Errorf("wrapped: %w", &idemproxy.UnavailableError{Reason: "store refuses writes (maxmemory reached)", Err: errors.New("OOM command not allowed")}),
+			http.StatusServiceUnavailable, "not ready: store refuses writes (maxmemory reached)"},
 	} {
 		var logs bytes.Buffer
 		admin := newAdmin(t, proxy.AdminConfig{Store: pingStore{e.store, tc.err}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})

@@ -167,7 +167,9 @@ func redisBackend(t *testing.T) *backend {
 			t.Cleanup(func() { r.Close() })
 			return r
 		},
-		age:   func(tenant uuid.UUID, d time.Duration) int { return redistest.Age(t, direct, match(tenant), d) },
+		age: func(tenant uuid.UUID, d time.Duration) int {
+			return redistest.Age(t, direct, prefix, tenant.String(), d)
+		},
 		count: func(tenant uuid.UUID) int { return redistest.Count(t, direct, match(tenant)) },
 	}
 }

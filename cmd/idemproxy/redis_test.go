@@ -53,8 +53,9 @@ func testRedisConfig(url string) Config {
 	return Config{Store: "redis", RedisURL: url, RedisPoolSize: 4, StoreTimeout: time.Second, RedisAutoPipeline: true}
 }
 
-// TestOpenRedisRefuses: a server that may evict keys, or that refuses the
-// password, stops the start with an error naming the cause.
+// TestOpenRedisRefuses: a server that may evict keys, that refuses the
+// password or that has no database of the URL's number stops the start
+// with an error naming the cause.
 func TestOpenRedisRefuses(t *testing.T) {
 	t.Parallel()
 	evicting := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru")
@@ -62,6 +63,7 @@ func TestOpenRedisRefuses(t *testing.T) {
 	for _, tc := range []struct{ name, url, want string }{
 		{"evicting policy", evicting.URL(), `maxmemory-policy is "allkeys-lru"`},
 		{"wrong password", "redis://:wrong@" + locked.Addr() + "/0", "WRONGPASS"},
+		{"database number out of range", "redis://" + evicting.Addr() + "/99", redis.ReasonDatabaseIndex},
 	} {
 		_, _, err := openRedis(t.Context(), testRedisConfig(tc.url), slog.New(slog.DiscardHandler))
 		if !errors.Is(err, idemproxy.ErrMisconfigured) || !strings.Contains(err.Error(), tc.want) {

@@ -5,9 +5,9 @@
 // Without Redis a test is skipped loudly on a developer's machine and
 // fails under CI=true: a missing Redis never passes as a skip in CI.
 //
-// Age, Count and Delete reach a Redis store's entries from outside, for
-// tests of code above the store (the proxy's, the fault suite's); Through
-// puts a faultnet proxy between a store and its server.
+// Age, Count, Delete and IndexKey reach a Redis store's entries and index
+// from outside, for tests of code above the store (the proxy's, the fault
+// suite's); Through puts a faultnet proxy between a store and its server.
 //
 // It imports no idemproxy package but internal/faultnet, so the store
 // package's own tests can use it.
@@ -350,8 +350,9 @@ func Through(t testing.TB, rawURL string) (*faultnet.Proxy, string) {
 // clock: its created time ('ca') and end ('e', the lease's or the
 // record's) move that far into the past, and its key's expiry that much
 // closer (the key goes when no time is left). The fields are those the
-// store's scripts keep (store/redis_claim.lua).
-const ageLua = `
+// store's scripts keep (store/redis/claim.lua). It runs on a server out of
+// memory too.
+const ageLua = `#!lua flags=allow-oom
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local d = tonumber(ARGV[1])
 for _, f in ipairs({'ca', 'e'}) do
@@ -362,19 +363,39 @@ local left = redis.call('PTTL', KEYS[1]) - math.floor(d / 1000)
 if left <= 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], left) end
 return 1`
 
-// Age lets d pass, on Redis's clock, for every entry of a Redis store
-// whose key matches the glob match (a store's tenant is
-// Prefix + tenant + ":*"), on the server or every master of a cluster:
-// each lease ends and each record expires d sooner, and each was created
-// d earlier. It returns how many entries it moved.
-func Age(t testing.TB, c redis.UniversalClient, match string, d time.Duration) int {
+// ageIndexLua moves every key of a Redis store's tenant index (KEYS[1])
+// ARGV[1] µs into the past, with the created times of the entries; the
+// index's member "", with a negative score, is not a key.
+const ageIndexLua = `#!lua flags=allow-oom
+local d = tonumber(ARGV[1])
+local z = redis.call('ZRANGE', KEYS[1], 0, '+inf', 'BYSCORE', 'WITHSCORES')
+for i = 1, #z, 2 do
+  redis.call('ZADD', KEYS[1], string.format('%d', tonumber(z[i + 1]) - d), z[i])
+end
+return #z / 2`
+
+// IndexKey is the key of the index of tenant's keys that a Redis store
+// with key prefix prefix keeps for its admin listing (see
+// store/redis.Store).
+func IndexKey(prefix, tenant string) string { return prefix + "{" + tenant + "}:index" }
+
+// Age lets d pass, on Redis's clock, for every entry of tenant in a Redis
+// store whose keys begin with prefix, on the server or every master of a
+// cluster: each lease ends and each record expires d sooner, and each was
+// created d earlier, in the entry and in the tenant's index. It returns
+// how many entries it moved.
+func Age(t testing.TB, c redis.UniversalClient, prefix, tenant string, d time.Duration) int {
 	t.Helper()
+	match := prefix + tenant + ":*"
 	n := 0
 	err := eachKey(c, match, func(ctx context.Context, node redis.Cmdable, key string) error {
 		moved, err := node.Eval(ctx, ageLua, []string{key}, d.Microseconds()).Int()
 		n += moved
 		return err
 	})
+	if err == nil {
+		err = c.Eval(context.Background(), ageIndexLua, []string{IndexKey(prefix, tenant)}, d.Microseconds()).Err()
+	}
 	if err != nil {
 		t.Fatalf("age %q by %s: %v", match, d, err)
 	}

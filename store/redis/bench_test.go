@@ -33,7 +33,7 @@ import (
 //
 // Run with
 //
-//	go test -run - -bench Redis -benchtime 5s ./store/
+//	go test -run - -bench 'Redis$' -benchtime 5s ./store/redis/
 func BenchmarkRedis(b *testing.B) {
 	settings := []struct {
 		name     string

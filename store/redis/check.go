@@ -21,12 +21,17 @@ import (
 const ReasonEvictingPolicy = "maxmemory-policy may evict keys"
 
 // Ping reports whether the server, or every master of the cluster,
-// answers; its error satisfies errors.Is(err, idemproxy.ErrUnavailable)
-// unless Redis refused the credentials.
+// answers and takes writes: it runs a script that does nothing but that,
+// like a claim, a server out of memory refuses, which Ping reports as an
+// *idemproxy.UnavailableError with ReasonMaxmemory. Its error satisfies
+// errors.Is(err, idemproxy.ErrUnavailable); a permanent one is an
+// *idemproxy.MisconfiguredError.
 func (r *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	err := r.eachMaster(ctx, func(ctx context.Context, c goredis.Cmdable) error { return c.Ping(ctx).Err() })
+	err := r.eachMaster(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+		return pingScript.Run(ctx, c, nil).Err()
+	})
 	if err != nil {
 		return failure("ping", err)
 	}
@@ -41,11 +46,13 @@ func (r *Store) Ping(ctx context.Context) error {
 // memory, or CONFIG GET where INFO is refused; a server that refuses both
 // (some managed services) fails the check, since the policy cannot be
 // known. Then, that the credentials and the user's ACL allow every
-// operation: it claims, releases, claims, completes, looks up and deletes
-// a key of its own under the nil tenant. A Redis that cannot be reached
-// gives an error satisfying errors.Is(err, idemproxy.ErrUnavailable): try
-// again later. A check that retrying will not pass fails with an
-// *idemproxy.MisconfiguredError (which satisfies ErrUnavailable too).
+// operation: it claims, releases, claims, completes, looks up, lists and
+// deletes a key of its own under the nil tenant. A Redis that cannot be
+// reached, or that is out of memory, gives an error satisfying
+// errors.Is(err, idemproxy.ErrUnavailable): try again later. A check that
+// retrying will not pass fails with an *idemproxy.MisconfiguredError
+// (which satisfies ErrUnavailable too): among others a single-server
+// store on a cluster node (ReasonClusterMode).
 func (r *Store) Check(ctx context.Context) error {
 	policyCtx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	err := r.eachMaster(policyCtx, func(ctx context.Context, c goredis.Cmdable) error {
@@ -65,7 +72,10 @@ func (r *Store) Check(ctx context.Context) error {
 		return err
 	}
 	var se *serverError
-	if err := r.probe(ctx); errors.As(err, &se) {
+	if err := r.probe(ctx); errors.As(err, &se) && r.cluster == nil && (strings.HasPrefix(se.msg, "MOVED ") || strings.HasPrefix(se.msg, "CROSSSLOT ")) {
+		return idemproxy.Misconfigured(ReasonClusterMode,
+			fmt.Errorf("redis answered as a cluster node (%s): %s", se.msg, hint(ReasonClusterMode)))
+	} else if errors.As(err, &se) {
 		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
 			fmt.Errorf("redis refused an operation idemproxy needs (check the user's ACL): %s", se.msg))
 	} else if err != nil {
@@ -97,6 +107,9 @@ func (r *Store) probe(ctx context.Context) error {
 	}
 	if _, err := r.Lookup(ctx, c.Tenant, key); err != nil {
 		return fmt.Errorf("store: redis start-up check: lookup: %w", err)
+	}
+	if _, err := r.List(ctx, c.Tenant, idemproxy.ListOptions{Limit: 1}); err != nil {
+		return fmt.Errorf("store: redis start-up check: list: %w", err)
 	}
 	return r.Delete(ctx, c.Tenant, key)
 }

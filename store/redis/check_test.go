@@ -99,7 +99,8 @@ func TestRedisRefused(t *testing.T) {
 	srv.Do("secret", "ACL", "SETUSER", "prefixed", "on", ">pw", "~"+prefix+"*", "+@all")
 	// The narrow ACL the README gives.
 	srv.Do("secret", "ACL", "SETUSER", "narrow", "on", ">pw", "~"+prefix+"*",
-		"+evalsha", "+eval", "+del", "+ping", "+info", "+time", "+hmget", "+hset", "+pexpire")
+		"+evalsha", "+eval", "+del", "+ping", "+info", "+time", "+hmget", "+hget", "+hset", "+pexpire",
+		"+get", "+set", "+zadd", "+zrem", "+zscore", "+zrange", "+zremrangebyscore")
 	at := func(userinfo string) string { return "redis://" + userinfo + "@" + srv.Addr() + "/0" }
 	for _, tc := range []struct {
 		name, url, want string
@@ -111,6 +112,7 @@ func TestRedisRefused(t *testing.T) {
 		{"user without the scripting commands", at("noscripts:pw"), "NOPERM", []string{"claim", "complete", "release", "lookup", "delete", "check"}},
 		{"user whose scripts may not write", at("nowrites:pw"), "refused an operation idemproxy needs", []string{"check"}},
 		{"user that may read neither INFO nor CONFIG", at("blind:pw"), "maxmemory-policy cannot be read", []string{"check"}},
+		{"database number past the server's", "redis://:secret@" + srv.Addr() + "/99", ReasonDatabaseIndex, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newTestRedis(t, Options{URL: tc.url, Prefix: prefix})
@@ -243,5 +245,46 @@ func TestRedisFull(t *testing.T) {
 	srv.Do("", "CONFIG", "SET", "maxmemory", "0")
 	if err := r.Complete(t.Context(), storetest.Completion(c, 201, nil)); err != nil {
 		t.Errorf("Complete once memory is free: %v", err)
+	}
+}
+
+// replyError is an error reply of a Redis server, as go-redis gives it.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// TestRedisFailureReasons: the server's replies that retrying cannot cure
+// are a MisconfiguredError naming the cause; a server out of memory is an
+// UnavailableError naming it; a loading one is merely unavailable.
+func TestRedisFailureReasons(t *testing.T) {
+	for _, tc := range []struct {
+		reply     replyError
+		permanent string // the MisconfiguredError's reason, if any
+		passing   string // the UnavailableError's reason, if any
+	}{
+		{"ERR DB index is out of range", ReasonDatabaseIndex, ""},
+		{"ERR SELECT is not allowed in cluster mode", ReasonClusterMode, ""},
+		{"ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'", ReasonRedisVersion, ""},
+		{"WRONGPASS invalid username-password pair or user is disabled.", idemproxy.ReasonAuthentication, ""},
+		{"OOM command not allowed when used memory > 'maxmemory'.", "", ReasonMaxmemory},
+		{"LOADING Redis is loading the dataset in memory", "", ""},
+	} {
+		err := failure("claim", tc.reply)
+		var (
+			mis *idemproxy.MisconfiguredError
+			una *idemproxy.UnavailableError
+		)
+		gotPermanent, gotPassing := "", ""
+		if errors.As(err, &mis) {
+			gotPermanent = mis.Reason
+		}
+		if errors.As(err, &una) {
+			gotPassing = una.Reason
+		}
+		if !errors.Is(err, idemproxy.ErrUnavailable) || gotPermanent != tc.permanent || gotPassing != tc.passing || !strings.Contains(err.Error(), string(tc.reply)) {
+			t.Errorf("%q: got %v (permanent %q, passing %q), want ErrUnavailable, permanent %q, passing %q, naming the reply",
+				tc.reply, err, gotPermanent, gotPassing, tc.permanent, tc.passing)
+		}
 	}
 }

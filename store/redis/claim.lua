@@ -1,8 +1,38 @@
+#!lua
 -- Claim (tenant, key) for a new command, or report the live entry there.
--- KEYS[1]: the entry. ARGV: owner, command id, command type, fingerprint,
--- lease (µs), grace (µs). Judged by Redis's clock. Returns {1, now} when
--- claimed, else {0, now, state, command id, command type, fingerprint,
--- created, ends, status, header, body, truncated}.
+-- KEYS[1]: the entry; on a single server also KEYS[2]: the tenant's index
+-- (see index below; on a cluster the store indexes the entry after this
+-- script, with index.lua). ARGV: owner, command id, command type,
+-- fingerprint, lease (µs), grace (µs), key. Judged by Redis's clock. Returns {1, now} when claimed, else {0, now,
+-- state, command id, command type, fingerprint, created, ends, status,
+-- header, body, truncated}.
+--
+-- No flags: a server out of memory refuses the whole script before it
+-- runs, so a lock whose lease ended is not taken over (the DEL of the old
+-- entry would otherwise make room for the new lock) any more than a new
+-- key is claimed.
+
+-- index puts member at score created (µs) in the tenant's index idx, a
+-- sorted set of its keys by creation time that the admin listing pages
+-- through. Its member '' (the store indexes no empty key) holds, as a
+-- negative score, the longest life (µs) of an entry indexed there: keys
+-- older than that, and a minute for the clocks of a cluster's nodes, are
+-- of ended entries and are trimmed when trim is set, and the index
+-- outlives its newest entry by as long.
+local function index(idx, member, created, life, trim)
+  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
+  if life > longest then
+    longest = life
+    redis.call('ZADD', idx, string.format('%d', -longest), '')
+  end
+  local keep = longest + 60000000
+  redis.call('ZADD', idx, string.format('%d', created), member)
+  if trim then
+    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
+  end
+  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local e = redis.call('HMGET', KEYS[1], 's', 'c', 't', 'f', 'ca', 'e', 'st', 'h', 'b', 'tr', 'o')
@@ -15,7 +45,11 @@ if e[1] then
   redis.call('DEL', KEYS[1])
 end
 local lease = tonumber(ARGV[5])
+local life = lease + tonumber(ARGV[6])
 redis.call('HSET', KEYS[1], 's', 'l', 'o', ARGV[1], 'c', ARGV[2], 't', ARGV[3], 'f', ARGV[4],
   'ca', string.format('%d', now), 'e', string.format('%d', now + lease))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((lease + tonumber(ARGV[6])) / 1000)))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
+if KEYS[2] then
+  index(KEYS[2], ARGV[7], now, life, true)
+end
 return {1, now}

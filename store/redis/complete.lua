@@ -1,7 +1,28 @@
+#!lua
 -- Turn the lock held by an owner into a record, even after its lease
--- ended if no one claimed the key since. KEYS[1]: the entry. ARGV: owner,
+-- ended if no one claimed the key since. KEYS[1]: the entry; on a single
+-- server also KEYS[2]: the tenant's index (see claim.lua). ARGV: owner,
 -- status, TTL (µs), responded, truncated, has header, header (JSON), has
--- body, body. Returns 1, or 0 when the owner holds no lock there.
+-- body, body, key. Returns the record's created time (µs), or 0 when the
+-- owner holds no lock there.
+--
+-- No flags: a server out of memory refuses the whole script.
+
+-- index: as in claim.lua.
+local function index(idx, member, created, life, trim)
+  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
+  if life > longest then
+    longest = life
+    redis.call('ZADD', idx, string.format('%d', -longest), '')
+  end
+  local keep = longest + 60000000
+  redis.call('ZADD', idx, string.format('%d', created), member)
+  if trim then
+    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
+  end
+  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
+end
+
 local e = redis.call('HMGET', KEYS[1], 's', 'o')
 if e[1] ~= 'l' or e[2] ~= ARGV[1] then
   return 0
@@ -17,4 +38,7 @@ if ARGV[4] == '1' then
   if ARGV[8] == '1' then redis.call('HSET', KEYS[1], 'b', ARGV[9]) end
 end
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(ttl / 1000)))
-return 1
+if KEYS[2] then
+  index(KEYS[2], ARGV[10], now, ttl, false)
+end
+return now

@@ -3,9 +3,9 @@ package redis
 import (
 	"context"
 	"errors"
-	"slices"
-	"strings"
-	"sync"
+	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/google/uuid"
 	goredis "github.com/redis/go-redis/v9"
@@ -14,98 +14,142 @@ import (
 )
 
 // List returns one page of tenant's live locks and records, newest first,
-// as idemproxy.Store.List describes. It finds the tenant's keys with SCAN
-// MATCH on the server, or on every master of a cluster, and reads each with
-// the lookup script (pipelined, judged by Redis's clock). SCAN walks each
-// master's whole key space, so every page costs that: it is meant for the
-// admin API, not the request path.
+// as idemproxy.Store.List describes. It reads the tenant's index (see
+// Store) from the cursor on, newest first (ZRANGE BYSCORE REV LIMIT; keys
+// created in the same microsecond come in descending byte order, as
+// listing order wants), in batches, and each key it takes with the lookup
+// script, pipelined and judged by Redis's clock. A page costs the keys it
+// shows plus the ended ones it meets, which it drops from the index. A
+// key whose entry was created at another time than the index has (on a
+// cluster, an index update that failed or has not landed yet) is moved to
+// that time and left out of this listing.
 func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
 	limit := opts.PageLimit()
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	prefix := r.key(tenant, "")
-	var (
-		mu      sync.Mutex
-		entries []idemproxy.Entry
-	)
-	err := r.eachMaster(ctx, func(ctx context.Context, c goredis.Cmdable) error {
-		found, err := r.listNode(ctx, c, prefix)
-		mu.Lock()
-		entries = append(entries, found...)
-		mu.Unlock()
-		return err
-	})
-	if err != nil {
-		return idemproxy.Page{}, failure("list", err)
-	}
+	index := r.indexKey(tenant)
 	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
-	for _, e := range entries {
-		if opts.After == nil || opts.After.Precedes(e.CreatedAt, e.Key) {
-			e.Tenant, e.Response = tenant, nil
-			page.Entries = append(page.Entries, e)
+	// The next batch starts at score from (inclusive), past the first
+	// offset members there, which were read already.
+	from, offset := "+inf", int64(0)
+	if opts.After != nil {
+		from = strconv.FormatInt(opts.After.CreatedAt.UnixMicro(), 10)
+	}
+	var last *indexed // the last member read
+	for batch := int64(limit + 1); ; batch = min(2*batch, 2*idemproxy.MaxListLimit) {
+		zs, err := r.c.ZRangeArgsWithScores(ctx, goredis.ZRangeArgs{
+			Key: index, Start: from, Stop: "0", ByScore: true, Rev: true, Offset: offset, Count: batch,
+		}).Result()
+		if err != nil {
+			return idemproxy.Page{}, failure("list", err)
+		}
+		var candidates []indexed
+		for _, z := range zs {
+			key, _ := z.Member.(string)
+			m := indexed{key: key, created: int64(z.Score)}
+			if last != nil && (m.created > last.created || m.created == last.created && m.key >= last.key) {
+				continue // read already: the index changed between batches
+			}
+			if last != nil && m.created == last.created {
+				offset++
+			} else {
+				from, offset = strconv.FormatInt(m.created, 10), 1
+			}
+			last = &m
+			if opts.After == nil || opts.After.Precedes(time.UnixMicro(m.created), m.key) {
+				candidates = append(candidates, m)
+			}
+		}
+		entries, err := r.verify(ctx, tenant, index, candidates)
+		if err != nil {
+			return idemproxy.Page{}, failure("list", err)
+		}
+		page.Entries = append(page.Entries, entries...)
+		if len(page.Entries) > limit {
+			page.Entries = page.Entries[:limit]
+			page.Next = idemproxy.CursorAfter(page.Entries[limit-1])
+			return page, nil
+		}
+		if int64(len(zs)) < batch {
+			return page, nil
 		}
 	}
-	slices.SortFunc(page.Entries, func(a, b idemproxy.Entry) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(b.Key, a.Key)
-	})
-	if len(page.Entries) > limit {
-		page.Entries = page.Entries[:limit]
-		page.Next = idemproxy.CursorAfter(page.Entries[limit-1])
-	}
-	return page, nil
 }
 
-// listNode returns the live entries of one server whose Redis keys begin
-// with prefix, Tenant and Response left for the caller.
-func (r *Store) listNode(ctx context.Context, c goredis.Cmdable, prefix string) ([]idemproxy.Entry, error) {
-	var keys []string
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+// indexed is a key of a tenant's index and its score there, the entry's
+// created time (µs).
+type indexed struct {
+	key     string
+	created int64
+}
+
+// verify reads the entry of each of the index's keys ks and returns, in
+// the same order, those live and created when the index says, with Tenant
+// and Key set and no Response. It drops from the index the keys whose
+// entry is gone or ended, and moves those created at another time, each
+// only if the index still has it where it was read; that is best effort,
+// as a key left behind is met again.
+func (r *Store) verify(ctx context.Context, tenant uuid.UUID, index string, ks []indexed) ([]idemproxy.Entry, error) {
+	if len(ks) == 0 {
+		return nil, nil
 	}
-	if err := iter.Err(); err != nil {
+	lookups := make([]scriptCall, len(ks))
+	for i, k := range ks {
+		lookups[i] = scriptCall{keys: []string{r.key(tenant, k.key)}}
+	}
+	replies, err := r.runAll(ctx, lookupScript, lookups)
+	if err != nil {
 		return nil, err
 	}
-	var out []idemproxy.Entry
-	for chunk := range slices.Chunk(keys, 500) {
-		replies, err := r.lookupAll(ctx, c, chunk)
+	var (
+		out   []idemproxy.Entry
+		fixes []scriptCall
+	)
+	for i, v := range replies {
+		k := ks[i]
+		if v == nil {
+			fixes = append(fixes, scriptCall{keys: []string{index}, args: []any{k.key, k.created, ""}})
+			continue
+		}
+		reply, ok := v.([]any)
+		if !ok {
+			return nil, malformed("list", v)
+		}
+		e, err := parseEntry(reply)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: redis list: %v", idemproxy.ErrUnavailable, err)
 		}
-		for i, v := range replies {
-			if v == nil {
-				continue // ended since the scan
-			}
-			reply, ok := v.([]any)
-			if !ok {
-				return nil, malformed("list", v)
-			}
-			e, err := parseEntry(reply)
-			if err != nil {
-				return nil, err
-			}
-			e.Key = unescapeRedisKey(chunk[i][len(prefix):])
-			out = append(out, e)
+		if created := e.CreatedAt.UnixMicro(); created != k.created {
+			fixes = append(fixes, scriptCall{keys: []string{index}, args: []any{k.key, k.created, created}})
+			continue
 		}
+		e.Tenant, e.Key, e.Response = tenant, k.key, nil
+		out = append(out, e)
+	}
+	if len(fixes) > 0 {
+		_, _ = r.runAll(ctx, reindexScript, fixes)
 	}
 	return out, nil
 }
 
-// lookupAll runs the lookup script on every key in one pipeline, sending
-// the script whole when the server does not have it cached. A reply is nil
-// for a key with no live entry.
-func (r *Store) lookupAll(ctx context.Context, c goredis.Cmdable, keys []string) ([]any, error) {
+// scriptCall is one run of a script: its keys and arguments.
+type scriptCall struct {
+	keys []string
+	args []any
+}
+
+// runAll runs s once for each call in one pipeline (one per node of a
+// cluster), sending the script whole when a server does not have it
+// cached. A reply is nil where the script returned nil.
+func (r *Store) runAll(ctx context.Context, s luaScript, calls []scriptCall) ([]any, error) {
 	send := func(whole bool) ([]*goredis.Cmd, error) {
-		cmds := make([]*goredis.Cmd, len(keys))
-		_, err := c.Pipelined(ctx, func(p goredis.Pipeliner) error {
-			for i, k := range keys {
+		cmds := make([]*goredis.Cmd, len(calls))
+		_, err := r.c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			for i, c := range calls {
 				if whole {
-					cmds[i] = lookupScript.Eval(ctx, p, []string{k})
+					cmds[i] = s.Eval(ctx, p, c.keys, c.args...)
 				} else {
-					cmds[i] = lookupScript.EvalSha(ctx, p, []string{k})
+					cmds[i] = s.EvalSha(ctx, p, c.keys, c.args...)
 				}
 			}
 			return nil
@@ -128,12 +172,4 @@ func (r *Store) lookupAll(ctx context.Context, c goredis.Cmdable, keys []string)
 		replies[i] = v
 	}
 	return replies, nil
-}
-
-// unescapeRedisKey undoes the percent-encoding of Redis.key.
-func unescapeRedisKey(s string) string {
-	if !strings.Contains(s, "%") {
-		return s
-	}
-	return strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}").Replace(s)
 }

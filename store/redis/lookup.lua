@@ -1,6 +1,9 @@
+#!lua flags=no-writes
 -- The live lock or record, judged by Redis's clock. KEYS[1]: the entry.
 -- Returns {now, state, command id, command type, fingerprint, created,
 -- ends, status, header, body, truncated}, or nil.
+--
+-- no-writes: it runs on a server out of memory too.
 local e = redis.call('HMGET', KEYS[1], 's', 'c', 't', 'f', 'ca', 'e', 'st', 'h', 'b', 'tr')
 if not e[1] then
   return nil

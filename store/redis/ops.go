@@ -17,20 +17,26 @@ import (
 
 // Claim locks (tenant, key) unless a live lock or record is there, in which
 // case it reports that entry. A lock whose lease ended or a record past its
-// expiry is taken over, judged by Redis's clock.
+// expiry is taken over, judged by Redis's clock. A server out of memory
+// takes nothing: a claim that would lock the key, a free one or one whose
+// lease ended, fails with ErrUnavailable; one that meets a live entry
+// still reports it.
 func (r *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	key := r.key(c.Tenant, c.Key)
-	v, err := r.run(ctx, claimScript, key, true,
-		c.Owner[:], c.CommandID[:], c.CommandType, c.Fingerprint[:], c.Lease.Microseconds(), r.graceUS)
+	keys := r.scriptKeys(c.Tenant, c.Key)
+	v, err := r.runKeys(ctx, claimScript, keys, true,
+		c.Owner[:], c.CommandID[:], c.CommandType, c.Fingerprint[:], c.Lease.Microseconds(), r.graceUS, c.Key)
 	if short := (*waitShortfall)(nil); errors.As(err, &short) {
 		if reply, ok := v.([]any); ok && len(reply) > 0 && reply[0] == int64(1) {
 			// Locked on the primary only: the claim fails and nothing is
 			// forwarded, so drop the lock instead of leaving the key
 			// locked, and a retry refused, until the lease ends.
-			_, _ = r.run(ctx, releaseScript, key, false, c.Owner[:])
+			_, _ = r.runKeys(ctx, releaseScript, keys, false, c.Owner[:], c.Key)
 		}
+	}
+	if goredis.IsOOMError(err) {
+		return r.claimRefused(ctx, c, err)
 	}
 	if err != nil {
 		return idemproxy.ClaimResult{}, failure("claim", err)
@@ -41,6 +47,7 @@ func (r *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimRe
 	}
 	if claimed, _ := reply[0].(int64); claimed == 1 {
 		now, _ := reply[1].(int64)
+		r.index(ctx, c.Tenant, c.Key, now, c.Lease.Microseconds()+r.graceUS)
 		created := time.UnixMicro(now)
 		return idemproxy.ClaimResult{Claimed: true, Entry: idemproxy.Entry{
 			Tenant:      c.Tenant,
@@ -60,6 +67,24 @@ func (r *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimRe
 	}
 	e.Tenant, e.Key = c.Tenant, c.Key
 	return idemproxy.ClaimResult{Entry: e}, nil
+}
+
+// claimRefused answers a claim that a server out of memory refused before
+// it ran. A live entry at the key is reported as the claim would have
+// reported it (replays and in-progress answers go on), and this claim's
+// own lock, which an earlier send of it took, as claimed; otherwise the
+// claim fails with refused, whether the key was free or held by a lock
+// whose lease ended.
+func (r *Store) claimRefused(ctx context.Context, c idemproxy.Claim, refused error) (idemproxy.ClaimResult, error) {
+	e, err := r.Lookup(ctx, c.Tenant, c.Key)
+	switch {
+	case err != nil:
+		return idemproxy.ClaimResult{}, failure("claim", refused)
+	case e.State == idemproxy.StateInFlight && e.CommandID == c.CommandID:
+		return idemproxy.ClaimResult{Claimed: true, Entry: e}, nil
+	default:
+		return idemproxy.ClaimResult{Entry: e}, nil
+	}
 }
 
 // Complete turns the caller's lock into a record that replays for c.TTL
@@ -90,14 +115,17 @@ func (r *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, completeScript, r.key(c.Tenant, c.Key), true,
-		c.Owner[:], c.Status, max(c.TTL.Microseconds(), 1), responded, truncated, hasHeader, header, hasBody, body)
+	ttl := max(c.TTL.Microseconds(), 1)
+	v, err := r.runKeys(ctx, completeScript, r.scriptKeys(c.Tenant, c.Key), true,
+		c.Owner[:], c.Status, ttl, responded, truncated, hasHeader, header, hasBody, body, c.Key)
 	if err != nil {
 		return failure("complete", err)
 	}
-	if n, _ := v.(int64); n != 1 {
+	created, _ := v.(int64)
+	if created == 0 {
 		return idemproxy.ErrNotOwner
 	}
+	r.index(ctx, c.Tenant, c.Key, created, ttl)
 	return nil
 }
 
@@ -106,13 +134,15 @@ func (r *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, releaseScript, r.key(tenant, key), false, owner[:])
+	v, err := r.runKeys(ctx, releaseScript, r.scriptKeys(tenant, key), false, owner[:], key)
 	if err != nil {
 		return failure("release", err)
 	}
-	if n, _ := v.(int64); n != 1 {
+	created, ok := v.(string)
+	if !ok {
 		return idemproxy.ErrNotOwner
 	}
+	r.unindex(ctx, tenant, key, created)
 	return nil
 }
 
@@ -165,14 +195,43 @@ func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemp
 func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	n, err := r.c.Del(ctx, r.key(tenant, key)).Result()
+	v, err := r.runKeys(ctx, deleteScript, r.scriptKeys(tenant, key), false, key)
 	if err != nil {
 		return failure("delete", err)
 	}
-	if n == 0 {
+	created, ok := v.(string)
+	if !ok {
 		return idemproxy.ErrNotFound
 	}
+	r.unindex(ctx, tenant, key, created)
 	return nil
+}
+
+// index puts key in tenant's index at created, on a cluster; on a single
+// server the script that changed the entry did. A failure is logged and
+// leaves the key out of the index, or at an older time: a new lock is then
+// missing from admin listings until its completion indexes it, and an
+// entry completed or claimed again until the first listing that meets it
+// at its older time moves it.
+func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created, life int64) {
+	if r.cluster == nil || key == "" {
+		return
+	}
+	if _, err := r.run(ctx, indexScript, r.indexKey(tenant), false, key, created, life); err != nil {
+		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings may miss the key for a while",
+			"tenant", tenant, "key", key, "error", err)
+	}
+}
+
+// unindex drops key from tenant's index if the index still has it at
+// created (a string of µs), on a cluster; on a single server the script
+// that dropped the entry did. A failure leaves a key that List drops when
+// it meets it.
+func (r *Store) unindex(ctx context.Context, tenant uuid.UUID, key, created string) {
+	if r.cluster == nil || key == "" {
+		return
+	}
+	_, _ = r.run(ctx, reindexScript, r.indexKey(tenant), false, key, created, "")
 }
 
 // parseEntry reads a script's entry reply: now, state, command id, command

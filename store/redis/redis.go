@@ -51,8 +51,10 @@ type Options struct {
 	// Not used with WaitReplicas.
 	AutoPipeline bool
 	// Logger receives go-redis's own messages (dial failures, reconnects)
-	// as warnings. go-redis keeps one logger per process, so the last store
-	// opened with a Logger sets it; nil leaves go-redis's (standard error).
+	// as warnings, and the index updates of a cluster that failed (the
+	// entry then missing from admin listings). go-redis keeps one logger
+	// per process, so the last store opened with a Logger sets it; nil
+	// leaves go-redis's (standard error) and drops the store's own.
 	Logger *slog.Logger
 	// WaitReplicas, when positive, makes every claim, renewal and
 	// completion wait (Redis WAIT, on the same connection) until that many
@@ -61,19 +63,33 @@ type Options struct {
 	WaitReplicas int
 }
 
-// Redis is the store for replicas that share a Redis server or a Redis
-// Cluster. Each operation is one server-side Lua script on one Redis key,
-// atomic on the server; leases and expiry are judged by Redis's clock
-// (TIME), and every key carries a TTL (lease + LockGrace for a lock,
-// the record's TTL for a record), so Redis's own expiry purges them. It is
-// safe for concurrent use.
+// Store is the store for replicas that share a Redis server or a Redis
+// Cluster. Each operation is one server-side Lua script on the entry's
+// key (and on a single server its tenant's index), atomic on the server;
+// leases and expiry are judged by Redis's clock (TIME), and every key
+// carries a TTL (lease + LockGrace for a lock, the record's TTL for a
+// record), so Redis's own expiry purges them. It is safe for concurrent
+// use.
 //
 // The key of (tenant, key) is Prefix + the tenant's UUID + ':' + the key
 // with '%', '{' and '}' percent-encoded. The tenant's UUID has a fixed
 // length, so no two (tenant, key) pairs share a Redis key; the encoded key
 // has no '{', so no client-chosen key can pick a Cluster hash tag, and the
-// keys of every tenant spread over all the Cluster's slots. A tenant's
-// entries are found by SCAN MATCH Prefix + tenant + ":*" on every master.
+// keys of every tenant spread over all the Cluster's slots.
+//
+// Each tenant also has an index for the admin listing: a sorted set of its
+// keys scored by their created time, Prefix + '{' + tenant + "}:index",
+// which cannot meet an entry's key (whose tenant part begins with a hex
+// digit). Its member "" records the longest life of an entry indexed
+// there, by which claims trim the keys of ended entries, and the index
+// expires after its newest entry; so the store indexes no empty key. On a
+// single server the scripts keep the index in the same atomic step as the
+// entry. On a cluster the entry and the index are in different slots, so
+// the store updates the index with a second script once the entry's has
+// answered (one more round trip for a claim that locks, a completion, a
+// release and a delete); List checks every key it takes from the index
+// against its entry, drops the keys of ended entries and moves those the
+// index has at another time.
 type Store struct {
 	c            goredis.UniversalClient
 	pipeline     *goredis.AutoPipeliner // nil unless AutoPipeline
@@ -82,6 +98,7 @@ type Store struct {
 	opTimeout    time.Duration
 	graceUS      int64
 	waitReplicas int
+	log          *slog.Logger // for the index updates of a cluster that failed
 }
 
 // DefaultPrefix begins the store's keys when Options.Prefix is
@@ -93,7 +110,9 @@ const DefaultPrefix = "idemproxy:"
 var CompleteSHA = completeScript.Hash()
 
 // The scripts. Times are microseconds of Redis's clock, formatted with
-// %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years).
+// %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years). Each
+// declares its flags (Redis 7): those without allow-oom or no-writes are
+// refused as a whole by a server out of memory.
 var (
 	//go:embed claim.lua
 	claimLua    string
@@ -110,6 +129,22 @@ var (
 	//go:embed renew.lua
 	renewLua    string
 	renewScript = newLuaScript(renewLua)
+)
+
+// The scripts of the admin API, of the index and of Ping.
+var (
+	//go:embed delete.lua
+	deleteLua    string
+	deleteScript = newLuaScript(deleteLua)
+	//go:embed index.lua
+	indexLua    string
+	indexScript = newLuaScript(indexLua)
+	//go:embed reindex.lua
+	reindexLua    string
+	reindexScript = newLuaScript(reindexLua)
+	//go:embed ping.lua
+	pingLua    string
+	pingScript = newLuaScript(pingLua)
 )
 
 // luaScript is a script and its source, which the autopipelined path sends
@@ -139,14 +174,16 @@ func New(opts Options) (*Store, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	if opts.Logger != nil {
-		goredis.SetLogger(logAdapter{opts.Logger})
-	}
 	r := &Store{
 		prefix:       opts.Prefix,
 		opTimeout:    opts.OpTimeout,
 		graceUS:      opts.LockGrace.Microseconds(),
 		waitReplicas: opts.WaitReplicas,
+		log:          slog.New(slog.DiscardHandler),
+	}
+	if opts.Logger != nil {
+		goredis.SetLogger(logAdapter{opts.Logger})
+		r.log = opts.Logger
 	}
 	// The operation's context bounds every wait (ContextTimeoutEnabled);
 	// the socket timeouts are only a backstop. A command is retried once
@@ -233,7 +270,7 @@ func (r *Store) Close() error {
 	return r.c.Close()
 }
 
-// key is the Redis key of (tenant, key); see Redis.
+// key is the Redis key of (tenant, key); see Store.
 func (r *Store) key(tenant uuid.UUID, key string) string {
 	var b strings.Builder
 	b.Grow(len(r.prefix) + 37 + len(key) + 8)
@@ -255,6 +292,21 @@ func (r *Store) key(tenant uuid.UUID, key string) string {
 		}
 	}
 	return b.String()
+}
+
+// indexKey returns the key of tenant's index; see Store.
+func (r *Store) indexKey(tenant uuid.UUID) string {
+	return r.prefix + "{" + tenant.String() + "}:index"
+}
+
+// scriptKeys returns the KEYS of a script on (tenant, key): the entry's
+// key, and on a single server the tenant's index, which the script keeps
+// in step with the entry (unless key is empty: see Store).
+func (r *Store) scriptKeys(tenant uuid.UUID, key string) []string {
+	if r.cluster != nil || key == "" {
+		return []string{r.key(tenant, key)}
+	}
+	return []string{r.key(tenant, key), r.indexKey(tenant)}
 }
 
 // hexUUID writes u's canonical form into dst (36 bytes) without the

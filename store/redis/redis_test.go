@@ -37,17 +37,23 @@ func newTestRedis(t testing.TB, opts Options) *Store {
 }
 
 // redisHarness is the contract harness of a Redis store: Advance moves the
-// times of each of the tenant's entries back, on every master.
+// times of each of the tenant's entries back, on every master, and in the
+// tenant's index; SetCreated sets one entry's, in both.
 func redisHarness(t *testing.T, opts Options) storetest.Harness {
 	r := newTestRedis(t, opts)
 	return storetest.Harness{Store: r, Advance: func(t *testing.T, tenant uuid.UUID, d time.Duration) {
 		t.Helper()
-		redistest.Age(t, r.c, r.key(tenant, "")+"*", d)
+		redistest.Age(t, r.c, r.prefix, tenant.String(), d)
 	}, SetCreated: func(t *testing.T, tenant uuid.UUID, key string, at time.Time) {
 		t.Helper()
 		n, err := r.c.HSet(t.Context(), r.key(tenant, key), "ca", strconv.FormatInt(at.UnixMicro(), 10)).Result()
 		if err != nil || n != 0 {
 			t.Fatalf("setCreated (%s, %q): %d fields added, %v", tenant, key, n, err)
+		}
+		index := r.indexKey(tenant)
+		n, err = r.c.ZAddXX(t.Context(), index, goredis.Z{Score: float64(at.UnixMicro()), Member: key}).Result()
+		if err != nil {
+			t.Fatalf("setCreated (%s, %q) in the index: %v", tenant, key, err)
 		}
 	}}
 }
@@ -93,6 +99,16 @@ func TestRedisClusterContract(t *testing.T) {
 		}
 		if len(perMaster) != 3 || slices.Contains(perMaster, 0) {
 			t.Errorf("keys per master = %v, want some on each of 3 masters", perMaster)
+		}
+	})
+
+	t.Run("a single-server store on a cluster node is named misconfigured", func(t *testing.T) {
+		for _, db := range []string{"0", "1"} {
+			r := newTestRedis(t, Options{URL: "redis://" + cluster.Nodes[0].Addr() + "/" + db})
+			var mis *idemproxy.MisconfiguredError
+			if err := r.Check(t.Context()); !errors.As(err, &mis) || mis.Reason != ReasonClusterMode {
+				t.Errorf("Check with database %s: got %v, want a MisconfiguredError with reason %q", db, err, ReasonClusterMode)
+			}
 		}
 	})
 
@@ -224,6 +240,20 @@ func TestRedisScriptFlush(t *testing.T) {
 					srv.Do("", "SCRIPT", "FLUSH")
 					return r.Release(t.Context(), tenant, c3.Key, c3.Owner)
 				}},
+				{"delete", func() error {
+					c4 := storetest.NewClaim(tenant, "order-4", "a")
+					storetest.MustClaim(t, r, c4)
+					srv.Do("", "SCRIPT", "FLUSH")
+					return r.Delete(t.Context(), tenant, c4.Key)
+				}},
+				{"list", func() error {
+					page, err := r.List(t.Context(), tenant, idemproxy.ListOptions{})
+					if err == nil && len(page.Entries) != 2 {
+						err = fmt.Errorf("%d entries listed, want 2", len(page.Entries))
+					}
+					return err
+				}},
+				{"ping", func() error { return r.Ping(t.Context()) }},
 			}
 			for _, step := range steps {
 				srv.Do("", "SCRIPT", "FLUSH")

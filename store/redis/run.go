@@ -13,13 +13,18 @@ import (
 // run runs a script on key, waiting for WaitReplicas replicas when wait is
 // set and the store has them.
 func (r *Store) run(ctx context.Context, s luaScript, key string, wait bool, args ...any) (any, error) {
+	return r.runKeys(ctx, s, []string{key}, wait, args...)
+}
+
+// runKeys is run on several keys, all in one slot, the first naming it.
+func (r *Store) runKeys(ctx context.Context, s luaScript, keys []string, wait bool, args ...any) (any, error) {
 	switch {
 	case r.pipeline != nil:
-		return r.runPipelined(ctx, s, key, args)
+		return r.runPipelined(ctx, s, keys, args)
 	case wait && r.waitReplicas > 0:
-		return r.runWaiting(ctx, s, key, args)
+		return r.runWaiting(ctx, s, keys, args)
 	default:
-		return s.Run(ctx, r.c, []string{key}, args...).Result()
+		return s.Run(ctx, r.c, keys, args...).Result()
 	}
 }
 
@@ -42,10 +47,10 @@ func (e *waitShortfall) Unwrap() error { return idemproxy.ErrUnavailable }
 // counts the replicas that have the script's writes. When fewer
 // acknowledge it than WaitReplicas it returns the script's reply with a
 // *waitShortfall.
-func (r *Store) runWaiting(ctx context.Context, s luaScript, key string, args []any) (any, error) {
+func (r *Store) runWaiting(ctx context.Context, s luaScript, keys []string, args []any) (any, error) {
 	node := goredis.Cmdable(r.c)
 	if r.cluster != nil {
-		c, err := r.cluster.MasterForKey(ctx, key)
+		c, err := r.cluster.MasterForKey(ctx, keys[0])
 		if err != nil {
 			return nil, err
 		}
@@ -55,9 +60,9 @@ func (r *Store) runWaiting(ctx context.Context, s luaScript, key string, args []
 		var eval, acked *goredis.Cmd
 		_, err := node.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			if whole {
-				eval = s.Eval(ctx, p, []string{key}, args...)
+				eval = s.Eval(ctx, p, keys, args...)
 			} else {
-				eval = s.EvalSha(ctx, p, []string{key}, args...)
+				eval = s.EvalSha(ctx, p, keys, args...)
 			}
 			acked = p.Do(ctx, "WAIT", r.waitReplicas, (r.opTimeout / 2).Milliseconds())
 			return nil
@@ -85,9 +90,14 @@ func (r *Store) runWaiting(ctx context.Context, s luaScript, key string, args []
 
 // runPipelined runs a script on the autopipeliner, waiting for its reply
 // until ctx ends.
-func (r *Store) runPipelined(ctx context.Context, s luaScript, key string, args []any) (any, error) {
+func (r *Store) runPipelined(ctx context.Context, s luaScript, keys []string, args []any) (any, error) {
 	send := func(verb, script string) (any, error) {
-		cmd := goredis.NewCmd(ctx, append([]any{verb, script, 1, key}, args...)...)
+		cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+		cmdArgs = append(cmdArgs, verb, script, len(keys))
+		for _, k := range keys {
+			cmdArgs = append(cmdArgs, k)
+		}
+		cmd := goredis.NewCmd(ctx, append(cmdArgs, args...)...)
 		if err := r.pipeline.Submit(ctx, cmd).WaitContext(ctx); err != nil && ctx.Err() != nil {
 			return nil, err
 		}
