@@ -12,6 +12,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,10 +85,13 @@ type options struct {
 	// PgBenchBatch, when positive, adds a run of the batched pgbench
 	// script at that batch size each round.
 	PgBenchBatch int
-	// SweepClients are the client counts of the Postgres sweep: each
-	// round measures keyed unique keys on bare, idemproxy-postgres and
-	// idemproxy-postgres-unbatched, and pgbench, at each of them.
+	// SweepClients are the client counts of the sweep: each round
+	// measures keyed unique keys on every target but direct, and pgbench,
+	// at each of them.
 	SweepClients []int
+	// Breakdown adds, each round, a keyed-unique run of every target but
+	// direct under the CPU profiler, split by part (see breakdown.go).
+	Breakdown bool
 
 	RedisURL      string
 	RedisCluster  bool
@@ -115,8 +119,8 @@ func (o options) validate() error {
 		return errors.New("-group must be at least 2")
 	case len(o.Targets) == 0:
 		return errors.New("-targets names no target")
-	case len(o.Scenarios) == 0:
-		return errors.New("-scenarios names no scenario")
+	case len(o.Scenarios) == 0 && len(o.SweepClients) == 0 && !o.Breakdown:
+		return errors.New("-scenarios names no scenario (an empty list runs only -sweep-clients or -breakdown)")
 	}
 	for _, t := range o.Targets {
 		if !slices.Contains(allTargets, t) {
@@ -138,8 +142,11 @@ func (o options) validate() error {
 			return fmt.Errorf("-sweep-clients: %d is not a number of clients", c)
 		}
 	}
-	if len(o.SweepClients) > 0 && (!slices.Contains(o.Targets, targetBare) || !slices.Contains(o.Targets, targetPostgres)) {
-		return errors.New("-sweep-clients needs the bare and idemproxy-postgres targets")
+	if len(o.SweepClients) > 0 && !slices.Contains(o.Targets, targetBare) {
+		return errors.New("-sweep-clients needs the bare target")
+	}
+	if o.Breakdown && !slices.ContainsFunc(o.Targets, func(t string) bool { return t != targetDirect }) {
+		return errors.New("-breakdown needs a target other than direct")
 	}
 	if (slices.Contains(o.Targets, targetRedis) || slices.Contains(o.Targets, targetRedisNoCache)) && o.RedisURL == "" {
 		return errors.New("targets idemproxy-redis and idemproxy-redis-nocache need -redis-url")
@@ -169,11 +176,80 @@ type measurement struct {
 	// UpstreamCalls is how many requests the upstream received during
 	// the run, the priming request included.
 	UpstreamCalls int64 `json:"upstream_calls"`
-	// CPUUsPerReq is this process's CPU time (load generator, upstream
-	// and target together; a Postgres server's is not included, a Redis
-	// server's is) per request, in microseconds. Other processes on the machine do not
-	// change it the way they change req/s.
+	cpuFigures
+}
+
+// cpuFigures are a run's CPU time per request (or per command, for the
+// store alone) and what group commit did in it.
+type cpuFigures struct {
+	// CPUUsPerReq is ProcessCPUUsPerReq + ServerCPUUsPerReq: the CPU a
+	// request costs end to end, in microseconds. Other processes on the
+	// machine do not change it the way they change req/s.
 	CPUUsPerReq float64 `json:"cpu_us_per_req"`
+	// ProcessCPUUsPerReq is this process's (load generator, upstream and
+	// target together).
+	ProcessCPUUsPerReq float64 `json:"process_cpu_us_per_req,omitempty"`
+	// ServerCPUUsPerReq is the store server's: Postgres's (its backends
+	// serving the run plus its background processes, see pgMeter), or
+	// the Redis server's (INFO cpu, every master of a cluster). Zero
+	// where there is no server or its CPU could not be read.
+	ServerCPUUsPerReq float64 `json:"server_cpu_us_per_req,omitempty"`
+	// PGBackendCPUUsPerReq and PGBackgroundCPUUsPerReq split Postgres's.
+	PGBackendCPUUsPerReq    float64 `json:"pg_backend_cpu_us_per_req,omitempty"`
+	PGBackgroundCPUUsPerReq float64 `json:"pg_background_cpu_us_per_req,omitempty"`
+	// Batches is what the Postgres store's group commit did (the batched
+	// store only).
+	Batches *batchStats `json:"batches,omitempty"`
+}
+
+// cpuSpan measures one run's CPU: this process's, its store server's,
+// and what group commit did.
+type cpuSpan struct {
+	proc       time.Duration
+	stopServer func() (serverCPU, bool)
+	batches    *batchObserver
+}
+
+// startSpan begins a span; meter and batches may be nil.
+func startSpan(meter serverMeter, batches *batchObserver) *cpuSpan {
+	s := &cpuSpan{batches: batches}
+	if batches != nil {
+		batches.take()
+	}
+	if meter != nil {
+		pprof.Do(context.Background(), pprof.Labels("part", "meter"), func(context.Context) {
+			s.stopServer = meter.start()
+		})
+	}
+	s.proc = processCPU()
+	return s
+}
+
+// finish ends the span and gives its figures per one of n requests.
+func (s *cpuSpan) finish(n int) cpuFigures {
+	proc := processCPU() - s.proc
+	var f cpuFigures
+	var server serverCPU
+	measured := false
+	if s.stopServer != nil {
+		pprof.Do(context.Background(), pprof.Labels("part", "meter"), func(context.Context) {
+			server, measured = s.stopServer()
+		})
+	}
+	if s.batches != nil {
+		f.Batches = s.batches.take()
+	}
+	if n == 0 {
+		return f
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n) }
+	f.ProcessCPUUsPerReq = per(proc)
+	if measured {
+		f.ServerCPUUsPerReq = per(server.Total)
+		f.PGBackendCPUUsPerReq, f.PGBackgroundCPUUsPerReq = per(server.Backends), per(server.Background)
+	}
+	f.CPUUsPerReq = f.ProcessCPUUsPerReq + f.ServerCPUUsPerReq
+	return f
 }
 
 // bench runs the whole benchmark: the memory figures, then the rounds.
@@ -202,11 +278,13 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 	}
 	defer e.close()
 	runID := randomHex(4)
+	rep.Config.ServerCPU = e.serverCPUNotes()
 
 	if opts.Warmup > 0 {
 		for _, t := range e.targets {
 			fmt.Fprintf(progress, "warm-up: %s for %s\n", t.name, opts.Warmup)
-			if _, err := e.measure(ctx, opts, opts.Clients, scenarioUnkeyed, t, 0, opts.Warmup, runID+"-warmup"); err != nil {
+			warm := runSpec{target: t, scenario: scenarioUnkeyed, clients: opts.Clients, duration: opts.Warmup, keys: runID + "-warmup"}
+			if _, err := e.measure(ctx, opts, warm); err != nil {
 				return nil, err
 			}
 		}
@@ -219,6 +297,7 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 			return nil, err
 		}
 		defer pgb.close()
+		pgb.meter = e.pgMeter
 	}
 
 	for round := 1; round <= opts.Rounds; round++ {
@@ -229,13 +308,13 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 		order = append(order[k:], order[:k]...)
 		for _, sc := range opts.Scenarios {
 			for _, t := range order {
-				m, err := e.measure(ctx, opts, opts.Clients, sc, t, round, opts.Duration, runID)
+				m, err := e.measure(ctx, opts, runSpec{target: t, scenario: sc, clients: opts.Clients, round: round, duration: opts.Duration, keys: runID})
 				if err != nil {
 					return nil, err
 				}
 				rep.Measurements = append(rep.Measurements, m)
-				fmt.Fprintf(progress, "round %d/%d  %-18s %-18s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/req  upstream %d  status %v\n",
-					round, opts.Rounds, sc, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq, m.UpstreamCalls, m.Status)
+				fmt.Fprintf(progress, "round %d/%d  %-18s %-18s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/req%s  upstream %d  status %v\n",
+					round, opts.Rounds, sc, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq, serverProgress(m.cpuFigures), m.UpstreamCalls, m.Status)
 			}
 			if sc == scenarioKeyed && e.pg != nil {
 				m, err := e.measureStore(ctx, opts, round, runID)
@@ -243,8 +322,8 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 					return nil, err
 				}
 				rep.StoreLevel = append(rep.StoreLevel, m)
-				fmt.Fprintf(progress, "round %d/%d  postgres store claim+complete, no HTTP %9.0f cmd/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/cmd\n",
-					round, opts.Rounds, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq)
+				fmt.Fprintf(progress, "round %d/%d  postgres store claim+complete, no HTTP %9.0f cmd/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/cmd%s\n",
+					round, opts.Rounds, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq, serverProgress(m.cpuFigures))
 			}
 			if sc == scenarioKeyed && pgb != nil {
 				r, err := pgb.run(ctx, round, opts.Clients, 0)
@@ -268,30 +347,35 @@ func bench(ctx context.Context, opts options, progress io.Writer) (*Report, erro
 		if err := e.sweep(ctx, opts, rep, pgb, round, order, runID, progress); err != nil {
 			return nil, err
 		}
+		if opts.Breakdown {
+			if err := e.breakdown(ctx, opts, rep, round, order, runID, progress); err != nil {
+				return nil, err
+			}
+		}
 	}
 	rep.Config.LoadAvgEnd = loadAvg()
 	rep.summarise()
 	return rep, nil
 }
 
-// sweep measures keyed unique keys at each of opts.SweepClients on the
-// bare proxy and the Postgres targets, in the round's order, then pgbench
-// at the same number of clients.
+// sweep measures keyed unique keys at each of opts.SweepClients on every
+// target but direct, in the round's order, then pgbench at the same
+// number of clients.
 func (e *env) sweep(ctx context.Context, opts options, rep *Report, pgb *pgbenchRunner, round int, order []*target, runID string, progress io.Writer) error {
 	for _, clients := range opts.SweepClients {
 		for _, t := range order {
-			if t.name != targetBare && t.name != targetPostgres && t.name != targetPostgresUnbatched {
+			if t.name == targetDirect {
 				continue
 			}
 			// Keys of their own: the main scenarios may have run with as
 			// many clients.
-			m, err := e.measure(ctx, opts, clients, scenarioKeyed, t, round, opts.Duration, runID+"-sweep")
+			m, err := e.measure(ctx, opts, runSpec{target: t, scenario: scenarioKeyed, clients: clients, round: round, duration: opts.Duration, keys: runID + "-sweep"})
 			if err != nil {
 				return err
 			}
 			rep.Sweep = append(rep.Sweep, m)
-			fmt.Fprintf(progress, "round %d/%d  sweep %3d clients %-28s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  upstream %d  status %v\n",
-				round, opts.Rounds, clients, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.UpstreamCalls, m.Status)
+			fmt.Fprintf(progress, "round %d/%d  sweep %3d clients %-28s %9.0f req/s  p50 %6.2fms  p99 %6.2fms  cpu %5.1fµs/req%s  upstream %d  status %v\n",
+				round, opts.Rounds, clients, t.name, m.ReqPerSec, m.P50Ms, m.P99Ms, m.CPUUsPerReq, serverProgress(m.cpuFigures), m.UpstreamCalls, m.Status)
 		}
 		if pgb == nil {
 			continue
@@ -306,11 +390,27 @@ func (e *env) sweep(ctx context.Context, opts options, rep *Report, pgb *pgbench
 	return nil
 }
 
-// measure loads t with scenario sc from clients closed-loop clients for d
-// and reports what it saw.
-func (e *env) measure(ctx context.Context, opts options, clients int, sc string, t *target, round int, d time.Duration, runID string) (measurement, error) {
+// runSpec is one load run: which target, which scenario, how many
+// clients, for how long.
+type runSpec struct {
+	target   *target
+	scenario string
+	clients  int
+	round    int
+	duration time.Duration
+	// keys makes the run's keys its own: no two runs share one.
+	keys string
+	// profile, when set, receives a CPU profile of the timed part of the
+	// run.
+	profile io.Writer
+}
+
+// measure loads r.target with r.scenario from r.clients closed-loop
+// clients for r.duration and reports what it saw.
+func (e *env) measure(ctx context.Context, opts options, r runSpec) (measurement, error) {
+	t, sc, clients, round, d := r.target, r.scenario, r.clients, r.round, r.duration
 	m := measurement{Round: round, Clients: clients, Scenario: sc, Target: t.name, Status: map[int]int{}}
-	prefix := fmt.Sprintf("%s-r%d-c%d-%s-%s-", runID, round, clients, t.name, sc)
+	prefix := fmt.Sprintf("%s-r%d-c%d-%s-%s-", r.keys, round, clients, t.name, sc)
 	replayKey := []string{prefix + "replay"}
 	tenant := []string{e.tenant}
 	contentType := []string{"application/json"}
@@ -356,7 +456,13 @@ func (e *env) measure(ctx context.Context, opts options, clients int, sc string,
 	defer stop()
 
 	latencies := make([]time.Duration, 0, 1<<16)
-	cpuStart := processCPU() + t.storeCPU()
+	span := startSpan(t.meter, t.batches)
+	if r.profile != nil {
+		if err := pprof.StartCPUProfile(r.profile); err != nil {
+			span.finish(0)
+			return m, fmt.Errorf("cpu profile: %w", err)
+		}
+	}
 	start := time.Now()
 	// The load generator's goroutines carry part=loadgen in a CPU profile.
 	pprof.Do(ctx, pprof.Labels("part", "loadgen"), func(context.Context) {
@@ -372,7 +478,10 @@ func (e *env) measure(ctx context.Context, opts options, clients int, sc string,
 		}
 	})
 	elapsed := time.Since(start)
-	cpu := processCPU() + t.storeCPU() - cpuStart
+	if r.profile != nil {
+		pprof.StopCPUProfile()
+	}
+	m.cpuFigures = span.finish(len(latencies))
 	if err := ctx.Err(); err != nil {
 		return m, err
 	}
@@ -393,7 +502,6 @@ func (e *env) measure(ctx context.Context, opts options, clients int, sc string,
 		return m, fmt.Errorf("%s %s: no request completed in %s", sc, t.name, d)
 	}
 	m.ReqPerSec = float64(m.Requests) / m.Seconds
-	m.CPUUsPerReq = float64(cpu.Microseconds()) / float64(m.Requests)
 	slices.Sort(latencies)
 	m.P50Ms = ms(percentile(latencies, 0.50))
 	m.P99Ms = ms(percentile(latencies, 0.99))
@@ -417,7 +525,7 @@ func (e *env) measureStore(ctx context.Context, opts options, round int, runID s
 	errs := make([]error, opts.Clients)
 
 	runtime.GC()
-	cpuStart := processCPU()
+	span := startSpan(e.pgMeter, e.pgBatches)
 	start := time.Now()
 	deadline := start.Add(opts.Duration)
 	var wg sync.WaitGroup
@@ -448,7 +556,11 @@ func (e *env) measureStore(ctx context.Context, opts options, round int, runID s
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := processCPU() - cpuStart
+	done := 0
+	for _, l := range lats {
+		done += len(l)
+	}
+	m.cpuFigures = span.finish(done)
 	if err := errors.Join(errs...); err != nil {
 		return m, fmt.Errorf("postgres store: %w", err)
 	}
@@ -463,7 +575,6 @@ func (e *env) measureStore(ctx context.Context, opts options, round int, runID s
 	m.Status[http.StatusCreated] = len(all)
 	m.Seconds = elapsed.Seconds()
 	m.ReqPerSec = float64(m.Requests) / m.Seconds
-	m.CPUUsPerReq = float64(cpu.Microseconds()) / float64(m.Requests)
 	slices.Sort(all)
 	m.P50Ms = ms(percentile(all, 0.50))
 	m.P99Ms = ms(percentile(all, 0.99))
@@ -492,4 +603,40 @@ func median(v []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// serverProgress is a run's server CPU and group commit figures for the
+// progress lines, or "" when it has none.
+func serverProgress(f cpuFigures) string {
+	var b strings.Builder
+	if f.ServerCPUUsPerReq > 0 {
+		fmt.Fprintf(&b, " (server %.1f)", f.ServerCPUUsPerReq)
+	}
+	if f.Batches != nil && f.Batches.OpsPerStatement > 0 {
+		fmt.Fprintf(&b, "  ops/stmt claim %.1f complete %.1f, queue p99 %.2fms",
+			f.Batches.ClaimOpsPerStatement, f.Batches.CompleteOpsPerStatement, f.Batches.QueueP99Ms)
+	}
+	return b.String()
+}
+
+// serverCPUNotes say what the run's server CPU figures count.
+func (e *env) serverCPUNotes() []string {
+	var out []string
+	if e.pg != nil {
+		if e.pgMeter != nil {
+			out = append(out, "database CPU (Postgres), from /proc every "+pgMeterInterval.String()+": the backends of the run's own connections "+
+				"and the server's background processes (postmaster, WAL writer, checkpointer, background writer, autovacuum launcher, archiver, "+
+				"WAL senders; autovacuum workers while on the run's schema), which also work for other sessions")
+		} else {
+			out = append(out, "database CPU (Postgres): not measured, the server's processes are not visible in /proc from here")
+		}
+	}
+	for _, t := range e.targets {
+		if t.name == targetRedis || t.name == targetRedisNoCache {
+			out = append(out, "Redis server CPU: used_cpu_user + used_cpu_sys of INFO cpu (every master of a cluster) before and after each run: "+
+				"the whole server's, other clients' work included")
+			break
+		}
+	}
+	return out
 }

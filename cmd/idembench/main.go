@@ -11,6 +11,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("-markdown: %w", err)
 		}
 	}
+	if out.svg != "" {
+		var buf bytes.Buffer
+		if err := writeChart(&buf, rep); err != nil {
+			return fmt.Errorf("-svg: %w", err)
+		}
+		if err := writeOutput(out.svg, stdout, buf.Bytes()); err != nil {
+			return fmt.Errorf("-svg: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -95,6 +105,8 @@ type outputs struct {
 	json       string
 	markdown   string
 	cpuProfile string
+	// svg, when set, receives the sweep's curves as an SVG chart.
+	svg string
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (options, outputs, error) {
@@ -128,10 +140,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.IntVar(&o.PgBenchThreads, "pgbench-threads", 2, "pgbench -j")
 	fs.IntVar(&o.PgBenchBatch, "pgbench-batch", 0, "also run the batched pgbench script, this many commands per statement, each round (0: off)")
 	var sweep string
-	fs.StringVar(&sweep, "sweep-clients", "", "Postgres sweep: keyed unique keys on bare, idemproxy-postgres and idemproxy-postgres-unbatched, and pgbench, at each of these client counts each round (e.g. 1,8,32,128)")
+	fs.StringVar(&sweep, "sweep-clients", "", "sweep: keyed unique keys on every target but direct, and pgbench, at each of these client counts each round (e.g. 1,8,32,128)")
+	fs.BoolVar(&o.Breakdown, "breakdown", false, "each round, also profile a keyed-unique run of every target but direct and split its CPU per request: load generator, upstream, proxy, store client, runtime, and the store's server")
 	fs.StringVar(&logLevel, "log-level", "info", "idemproxy access log level (JSON to io.Discard: formatting cost, no I/O): debug, info, warn, error or off")
 	fs.StringVar(&targets, "targets", strings.Join(allTargets, ","), "targets to measure, comma-separated")
-	fs.StringVar(&scenes, "scenarios", strings.Join(allScenarios, ","), "scenarios to measure, comma-separated")
+	fs.StringVar(&scenes, "scenarios", strings.Join(allScenarios, ","), "scenarios to measure, comma-separated (empty: only -sweep-clients or -breakdown)")
 	fs.IntVar(&o.MemoryRecords, "memory-records", 200_000, "records inserted to measure bytes per memory-store record (0 skips)")
 	fs.IntVar(&o.FloodMaxEntries, "flood-max-entries", 100_000, "memory store bound for the unique-key flood check (0 skips); 4× as many keys are sent")
 	fs.BoolVar(&o.MemoryOnly, "memory-only", false, "measure only the memory store's footprint, send no load")
@@ -140,11 +153,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.StringVar(&out.markdown, "markdown", "", "also write the report as a markdown table to this file (- for stdout)")
 	fs.StringVar(&out.report, "report", "", "print the tables of a saved -json report again (re-summarised) instead of running")
 	fs.StringVar(&out.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run; samples carry the label part=<target|loadgen|upstream>")
+	fs.StringVar(&out.svg, "svg", "", "also write the sweep's req/s and p99 against clients as an SVG chart to this file (- for stdout); needs -sweep-clients, or a -report that has a sweep")
 	if err := fs.Parse(args); err != nil {
 		return o, out, err
 	}
 	if fs.NArg() > 0 {
 		return o, out, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if out.cpuProfile != "" && o.Breakdown {
+		return o, out, errors.New("-cpuprofile and -breakdown both need the CPU profiler: give one of them")
+	}
+	if out.svg != "" && out.report == "" && sweep == "" {
+		return o, out, errors.New("-svg draws the sweep: give -sweep-clients too")
 	}
 	o.DBMaxConns = int32(maxConns)
 	for _, c := range splitList(sweep) {
@@ -220,7 +240,7 @@ func readReport(name string) (*Report, error) {
 		return nil, fmt.Errorf("-report %s: %w", name, err)
 	}
 	rep.Results, rep.AddedP99Ms, rep.PostgresToPgBench, rep.StoreToPgBench, rep.Checks = nil, nil, nil, nil, nil
-	rep.SweepResults = nil
+	rep.SweepResults, rep.BreakdownResults = nil, nil
 	rep.summarise()
 	return &rep, nil
 }

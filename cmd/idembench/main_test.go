@@ -1,10 +1,16 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
@@ -70,16 +76,22 @@ func TestBenchPostgres(t *testing.T) {
 	opts.PgBench = findPgBench()
 	opts.PgBenchBatch = 4
 	opts.SweepClients = []int{1, opts.Clients} // the main scenarios' count too: keys must not collide
+	opts.Breakdown = true
 	opts.MemoryRecords, opts.FloodMaxEntries = 0, 0
 	rep, err := bench(t.Context(), opts, io.Discard)
 	if err != nil {
 		t.Fatalf("bench: %v", err)
 	}
 	checkReport(t, rep, opts)
-	// The sweep: every client count on every Postgres target and bare,
-	// each with the upstream called once per key.
+	checkBreakdown(t, rep, opts.Targets)
+	if backendVisible(t, dbURL) && !serverCPUMeasured(rep) {
+		t.Errorf("this process sees the server's backends in /proc, yet the run did not measure their CPU: %v", rep.Config.ServerCPU)
+	}
+	checkPostgresCPU(t, rep)
+	// The sweep: every client count on every target, each with the
+	// upstream called once per key.
 	for _, clients := range opts.SweepClients {
-		for _, tg := range []string{targetBare, targetPostgres, targetPostgresUnbatched} {
+		for _, tg := range opts.Targets {
 			n := 0
 			for _, m := range rep.Sweep {
 				if m.Clients == clients && m.Target == tg {
@@ -91,7 +103,7 @@ func TestBenchPostgres(t *testing.T) {
 				t.Errorf("sweep, %d clients, %s: %d measurements, want %d", clients, tg, n, opts.Rounds)
 			}
 			res, ok := rep.sweepResult(clients, tg)
-			if !ok || res.RatioToBare == nil || (tg == targetPostgres && res.RatioToUnbatched == nil) {
+			if !ok || res.RatioToBare == nil || (tg == targetPostgres && res.RatioToUnbatched == nil) || (tg == targetMemory && res.RatioToPgBench != nil) {
 				t.Errorf("sweep, %d clients, %s: result %+v (found %v); want ratios", clients, tg, res, ok)
 			}
 		}
@@ -109,6 +121,11 @@ func TestBenchPostgres(t *testing.T) {
 	}
 	if len(rep.PgBenchBatched) != 1 || rep.PgBenchBatched[0].TPS <= 0 || rep.PgBenchBatched[0].Batch != 4 {
 		t.Errorf("batched pgbench: %+v; want one run of batches of 4 with tps > 0", rep.PgBenchBatched)
+	}
+	for _, p := range append(slices.Clone(rep.PgBench), rep.PgBenchBatched...) {
+		if p.ClientCPUUsPerCmd <= 0 || (serverCPUMeasured(rep) && p.PGBackendCPUUsPerCmd <= 0) {
+			t.Errorf("pgbench run %+v: want pgbench's CPU per command, and the backends' where the server's is measured", p)
+		}
 	}
 	if len(rep.SweepPgBench) != len(opts.SweepClients) {
 		t.Errorf("sweep pgbench: %d runs, want %d", len(rep.SweepPgBench), len(opts.SweepClients))
@@ -155,9 +172,106 @@ func checkReport(t *testing.T, rep *Report, opts options) {
 	}
 }
 
+// backendVisible is whether a backend of the server at dbURL shows in
+// /proc here.
+func backendVisible(t *testing.T, dbURL string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var pid int32
+	if err := conn.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	_, _, ok := postgresCPU(int(pid))
+	return ok
+}
+
+// serverCPUMeasured is whether the run could read the Postgres server's
+// processes' CPU (not where the server runs out of this process's sight).
+func serverCPUMeasured(rep *Report) bool {
+	for _, n := range rep.Config.ServerCPU {
+		if strings.HasPrefix(n, "database CPU (Postgres), from /proc") {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPostgresCPU checks the database side of the Postgres runs: the
+// backends' CPU where it can be read, and group commit's operations, one
+// claim and one completion per key on the batched store and none on the
+// unbatched one.
+func checkPostgresCPU(t *testing.T, rep *Report) {
+	t.Helper()
+	measured := serverCPUMeasured(rep)
+	if !measured {
+		t.Logf("the Postgres server's processes are not visible here (%v): its CPU is not checked", rep.Config.ServerCPU)
+	}
+	runs := append(slices.Clone(rep.Measurements), rep.Sweep...)
+	for _, b := range rep.Breakdown {
+		runs = append(runs, b.measurement)
+	}
+	for _, m := range runs {
+		name := fmt.Sprintf("%s %s, %d clients", m.Scenario, m.Target, m.Clients)
+		switch m.Target {
+		case targetPostgres, targetPostgresUnbatched:
+			if measured && m.Scenario == scenarioKeyed && (m.PGBackendCPUUsPerReq <= 0 || m.ServerCPUUsPerReq < m.PGBackendCPUUsPerReq) {
+				t.Errorf("%s: database CPU %.1f µs/req, backends %.1f; want the backends' CPU counted", name, m.ServerCPUUsPerReq, m.PGBackendCPUUsPerReq)
+			}
+		default:
+			if m.ServerCPUUsPerReq != 0 || m.Batches != nil {
+				t.Errorf("%s: server CPU %.1f µs/req, batches %+v; want none", name, m.ServerCPUUsPerReq, m.Batches)
+			}
+		}
+		switch {
+		case m.Target == targetPostgresUnbatched && m.Batches != nil:
+			t.Errorf("%s: batches %+v, want none without group commit", name, m.Batches)
+		case m.Target == targetPostgres && m.Scenario == scenarioKeyed:
+			checkBatches(t, name, m)
+		}
+	}
+	for _, m := range rep.StoreLevel {
+		checkBatches(t, "store alone", m)
+		if measured && m.PGBackendCPUUsPerReq <= 0 {
+			t.Errorf("store alone: backends' CPU %.1f µs/cmd, want it counted", m.PGBackendCPUUsPerReq)
+		}
+	}
+	var sb strings.Builder
+	writeMarkdown(&sb, rep)
+	if !strings.Contains(sb.String(), "Postgres: CPU per command and group commit") {
+		t.Error("the markdown has no Postgres CPU table")
+	}
+}
+
+// checkBatches wants one batched claim and one batched completion per
+// key of a keyed-unique run, in at least one statement each.
+func checkBatches(t *testing.T, name string, m measurement) {
+	t.Helper()
+	b := m.Batches
+	if b == nil {
+		t.Errorf("%s: no group commit figures", name)
+		return
+	}
+	for _, op := range []string{"claim", "complete"} {
+		if b.Operations[op] != m.Keys || b.Statements[op] < 1 || b.Statements[op] > b.Operations[op] {
+			t.Errorf("%s: %d %s operations in %d statements for %d keys; want one per key", name, b.Operations[op], op, b.Statements[op], m.Keys)
+		}
+	}
+	if b.ClaimOpsPerStatement < 1 || b.CompleteOpsPerStatement < 1 || b.QueueP99Ms < b.QueueP50Ms {
+		t.Errorf("%s: batches %+v", name, b)
+	}
+}
+
 func checkMeasurement(t *testing.T, m measurement) {
 	t.Helper()
 	name := m.Scenario + " " + m.Target
+	if d := m.CPUUsPerReq - m.ProcessCPUUsPerReq - m.ServerCPUUsPerReq; math.Abs(d) > 1e-6 || m.ProcessCPUUsPerReq <= 0 {
+		t.Errorf("%s: cpu %.3f µs/req, process %.3f, server %.3f; want the process's counted and the sum", name,
+			m.CPUUsPerReq, m.ProcessCPUUsPerReq, m.ServerCPUUsPerReq)
+	}
 	if m.Requests == 0 || m.ReqPerSec <= 0 {
 		t.Errorf("%s: %d requests, %.0f req/s", name, m.Requests, m.ReqPerSec)
 	}
@@ -268,5 +382,23 @@ func TestFlags(t *testing.T) {
 	}
 	if _, _, err := parseFlags([]string{"-targets", "nginx"}, func(string) string { return "" }, io.Discard); err == nil {
 		t.Error("an unknown target was accepted")
+	}
+	for _, tc := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"-breakdown", "-scenarios", ""}, true},
+		{[]string{"-sweep-clients", "1,8", "-scenarios", "", "-svg", "out.svg"}, true},
+		{[]string{"-report", "old.json", "-svg", "out.svg"}, true},
+		{[]string{"-scenarios", ""}, false},
+		{[]string{"-breakdown", "-cpuprofile", "cpu.prof"}, false},
+		{[]string{"-svg", "out.svg"}, false},
+		{[]string{"-sweep-clients", "1", "-targets", "idemproxy-memory"}, false},
+		{[]string{"-breakdown", "-targets", "direct"}, false},
+	} {
+		_, _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard)
+		if (err == nil) != tc.ok {
+			t.Errorf("parseFlags(%q): error %v, want ok %v", tc.args, err, tc.ok)
+		}
 	}
 }

@@ -55,6 +55,16 @@ type pgbenchRound struct {
 	LatencyAvgMs float64 `json:"latency_avg_ms"`
 	Processed    int64   `json:"transactions"`
 	Failed       int64   `json:"failed_transactions"`
+	// ClientCPUUsPerCmd is pgbench's own CPU time per command (a
+	// transaction carries Batch commands, or one), ServerCPUUsPerCmd
+	// Postgres's (as for idemproxy-postgres, see pgMeter); zero where not
+	// measured.
+	ClientCPUUsPerCmd float64 `json:"client_cpu_us_per_cmd,omitempty"`
+	ServerCPUUsPerCmd float64 `json:"server_cpu_us_per_cmd,omitempty"`
+	// PGBackendCPUUsPerCmd and PGBackgroundCPUUsPerCmd split
+	// ServerCPUUsPerCmd.
+	PGBackendCPUUsPerCmd    float64 `json:"pg_backend_cpu_us_per_cmd,omitempty"`
+	PGBackgroundCPUUsPerCmd float64 `json:"pg_background_cpu_us_per_cmd,omitempty"`
 }
 
 // pgbenchRunner runs the scripts against the run's schema.
@@ -65,6 +75,8 @@ type pgbenchRunner struct {
 	dir        string
 	maxThreads int
 	seconds    int
+	// meter, when set, measures the server's CPU during each run.
+	meter serverMeter
 }
 
 // newPgbenchRunner writes the scripts to a temporary directory. dbURL
@@ -129,7 +141,16 @@ func (p *pgbenchRunner) threads(clients int) int { return max(1, min(p.maxThread
 func (p *pgbenchRunner) run(ctx context.Context, round, clients, batch int) (pgbenchRound, error) {
 	cmd := exec.CommandContext(ctx, p.bin, p.args(clients, batch)...)
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+p.schema)
+	var stopServer func() (serverCPU, bool)
+	if p.meter != nil {
+		stopServer = p.meter.start()
+	}
 	out, err := cmd.CombinedOutput()
+	var server serverCPU
+	measured := false
+	if stopServer != nil {
+		server, measured = stopServer()
+	}
 	if err != nil {
 		return pgbenchRound{}, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
@@ -138,6 +159,14 @@ func (p *pgbenchRunner) run(ctx context.Context, round, clients, batch int) (pgb
 		return r, fmt.Errorf("pgbench: %w\n%s", err, out)
 	}
 	r.Round, r.Clients, r.Threads, r.Seconds, r.Batch = round, clients, p.threads(clients), p.seconds, batch
+	if commands := float64(r.Processed) * float64(max(batch, 1)); commands > 0 {
+		client := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		r.ClientCPUUsPerCmd = float64(client.Nanoseconds()) / 1e3 / commands
+		if measured {
+			per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / commands }
+			r.ServerCPUUsPerCmd, r.PGBackendCPUUsPerCmd, r.PGBackgroundCPUUsPerCmd = per(server.Total), per(server.Backends), per(server.Background)
+		}
+	}
 	return r, nil
 }
 

@@ -15,9 +15,9 @@ import (
 
 // openRedis opens the Redis store at opts.RedisURL under a key prefix of
 // the run's own and checks the server. serverCPU reads the CPU time the
-// server (every master of a cluster) has used so far. The close function
-// deletes the run's keys and closes the store.
-func openRedis(ctx context.Context, opts options, progress io.Writer) (_ *redisstore.Store, serverCPU func() time.Duration, _ func(), _ error) {
+// server (every master of a cluster) has used so far, or reports false.
+// The close function deletes the run's keys and closes the store.
+func openRedis(ctx context.Context, opts options, progress io.Writer) (_ *redisstore.Store, serverCPU func() (time.Duration, bool), _ func(), _ error) {
 	prefix := "idembench-" + randomHex(6) + ":"
 	rd, err := redisstore.New(redisstore.Options{
 		URL: opts.RedisURL, Cluster: opts.RedisCluster, Prefix: prefix, PoolSize: opts.RedisPoolSize, AutoPipeline: opts.RedisPipeline,
@@ -35,13 +35,14 @@ func openRedis(ctx context.Context, opts options, progress io.Writer) (_ *rediss
 		return nil, nil, nil, err
 	}
 	fmt.Fprintf(progress, "redis: keys under %s (deleted at the end), pool of %d connections per node, autopipelining %v\n", prefix, opts.RedisPoolSize, opts.RedisPipeline)
-	serverCPU = func() time.Duration {
+	serverCPU = func() (time.Duration, bool) {
 		var total time.Duration
-		_ = admin.each(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			total += usedCPU(c.Info(ctx, "cpu").Val())
-			return nil
+		err := admin.each(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			info, err := c.Info(ctx, "cpu").Result()
+			total += usedCPU(info)
+			return err
 		})
-		return total
+		return total, err == nil
 	}
 	return rd, serverCPU, func() {
 		rd.Close()

@@ -16,11 +16,20 @@ func TestBenchRedis(t *testing.T) {
 	opts.Targets = []string{targetBare, targetMemory, targetRedis, targetRedisNoCache}
 	opts.RedisURL, opts.RedisPoolSize = srv.URL(), 4
 	opts.MemoryRecords, opts.FloodMaxEntries = 0, 0
+	opts.Breakdown = true
 	rep, err := bench(t.Context(), opts, io.Discard)
 	if err != nil {
 		t.Fatalf("bench: %v", err)
 	}
 	checkReport(t, rep, opts)
+	checkBreakdown(t, rep, opts.Targets)
+	// The Redis server's CPU: counted for the Redis targets, end to end.
+	for _, m := range rep.Measurements {
+		isRedis := m.Target == targetRedis || m.Target == targetRedisNoCache
+		if isRedis != (m.ServerCPUUsPerReq > 0) && m.Scenario == scenarioKeyed {
+			t.Errorf("%s %s: server CPU %.1f µs/req; want it for the Redis targets only", m.Scenario, m.Target, m.ServerCPUUsPerReq)
+		}
+	}
 	for _, name := range []string{
 		"keyed unique keys, Redis store vs bare",
 		"replay storm, Redis store vs bare unkeyed",

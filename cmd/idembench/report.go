@@ -41,7 +41,11 @@ type Report struct {
 	Sweep        []measurement  `json:"sweep,omitempty"`
 	SweepPgBench []pgbenchRound `json:"sweep_pgbench,omitempty"`
 	SweepResults []sweepResult  `json:"sweep_results,omitempty"`
-	Memory       *memoryResult  `json:"memory,omitempty"`
+	// Breakdown holds the profiled runs of -breakdown, BreakdownResults
+	// their summary per target.
+	Breakdown        []breakdownRun    `json:"breakdown,omitempty"`
+	BreakdownResults []breakdownResult `json:"breakdown_results,omitempty"`
+	Memory           *memoryResult     `json:"memory,omitempty"`
 	// Checks are the targets of docs/performance.md, each met or not.
 	Checks       []check       `json:"targets"`
 	Measurements []measurement `json:"measurements"`
@@ -70,6 +74,8 @@ type runConfig struct {
 	// work on the machine shows there.
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
+	// ServerCPU says what the store servers' CPU figures count.
+	ServerCPU []string `json:"server_cpu,omitempty"`
 }
 
 func newRunConfig(o options) runConfig {
@@ -108,17 +114,19 @@ type result struct {
 	// the bare proxy's req/s in the same round, in Baseline's scenario.
 	RatioToBare *float64 `json:"ratio_to_bare,omitempty"`
 	Baseline    string   `json:"baseline,omitempty"`
-	// CPUUsPerReq is the median of the process's CPU per request;
-	// CPUAddedUs the median across rounds of its difference from the
-	// bare proxy's in Baseline's scenario: what the target costs (or, for
-	// replays that skip the upstream, saves) per request in CPU.
-	CPUUsPerReq float64  `json:"cpu_us_per_req"`
-	CPUAddedUs  *float64 `json:"cpu_added_us,omitempty"`
+	// cpuFigures are the medians across rounds of each figure (the
+	// statement and operation counts are sums). CPUAddedUs is the median
+	// across rounds of CPUUsPerReq's difference from the bare proxy's in
+	// Baseline's scenario: what the target costs (or, for replays that
+	// skip the upstream, saves) per request in CPU, end to end.
+	cpuFigures
+	CPUAddedUs *float64 `json:"cpu_added_us,omitempty"`
 	// CPURatioToBare is the median across rounds of the bare proxy's CPU
 	// per request divided by this target's: the req/s ratio to expect
 	// where both saturate the same CPUs, and much less sensitive to other
-	// work on the machine than RatioToBare. Not meaningful for
-	// idemproxy-postgres, whose database CPU is not counted.
+	// work on the machine than RatioToBare. For the Postgres targets it
+	// counts the database's CPU only where it was measured
+	// (ServerCPUUsPerReq > 0).
 	CPURatioToBare *float64 `json:"cpu_ratio_to_bare,omitempty"`
 	// The sums over rounds.
 	Requests      int         `json:"requests"`
@@ -143,6 +151,7 @@ type sweepResult struct {
 	RatioToPgBench   *float64 `json:"ratio_to_pgbench,omitempty"`
 	RatioToUnbatched *float64 `json:"ratio_to_unbatched,omitempty"`
 	P50ToUnbatched   *float64 `json:"p50_to_unbatched,omitempty"`
+	cpuFigures
 }
 
 // check is one target, met or not.
@@ -183,6 +192,7 @@ func (r *Report) summarise() {
 	r.summariseAddedP99()
 	r.summarisePgBench()
 	r.summariseSweep()
+	r.summariseBreakdown()
 	r.Checks = r.checks()
 }
 
@@ -210,15 +220,16 @@ func (r *Report) summariseResults() {
 
 	for _, k := range order {
 		res := result{Scenario: k.sc, Target: k.t, Status: map[int]int{}}
-		var rps, p50, p99, ratios, cpu, cpuAdded, cpuRatios []float64
+		var rps, p50, p99, ratios, cpuAdded, cpuRatios []float64
+		var runs []measurement
 		for _, m := range r.Measurements {
 			if m.Scenario != k.sc || m.Target != k.t {
 				continue
 			}
+			runs = append(runs, m)
 			rps = append(rps, m.ReqPerSec)
 			p50 = append(p50, m.P50Ms)
 			p99 = append(p99, m.P99Ms)
-			cpu = append(cpu, m.CPUUsPerReq)
 			res.Requests += m.Requests
 			res.Keys += m.Keys
 			res.UpstreamCalls += m.UpstreamCalls
@@ -234,7 +245,7 @@ func (r *Report) summariseResults() {
 			}
 		}
 		res.ReqPerSec, res.P50Ms, res.P99Ms = median(rps), median(p50), median(p99)
-		res.CPUUsPerReq = median(cpu)
+		res.cpuFigures = medianFigures(runs)
 		if len(ratios) > 0 {
 			v := median(ratios)
 			res.RatioToBare = &v
@@ -340,10 +351,12 @@ func (r *Report) summariseSweep() {
 	})
 	for _, k := range keys {
 		var rps, p50, p99, toBare, toPgBench, toUnbatched, p50ToUnbatched []float64
+		var runs []measurement
 		for _, m := range r.Sweep {
 			if m.Clients != k.clients || m.Target != k.target {
 				continue
 			}
+			runs = append(runs, m)
 			rps, p50, p99 = append(rps, m.ReqPerSec), append(p50, m.P50Ms), append(p99, m.P99Ms)
 			if b, ok := find(k.clients, targetBare, m.Round); ok && b.ReqPerSec > 0 {
 				toBare = append(toBare, m.ReqPerSec/b.ReqPerSec)
@@ -357,23 +370,105 @@ func (r *Report) summariseSweep() {
 			}
 		}
 		res := sweepResult{Clients: k.clients, Target: k.target, ReqPerSec: median(rps), P50Ms: median(p50), P99Ms: median(p99),
-			RatioToBare: medianOf(toBare), RatioToUnbatched: medianOf(toUnbatched), P50ToUnbatched: medianOf(p50ToUnbatched)}
-		if k.target != targetBare {
+			RatioToBare: medianOf(toBare), RatioToUnbatched: medianOf(toUnbatched), P50ToUnbatched: medianOf(p50ToUnbatched),
+			cpuFigures: medianFigures(runs)}
+		if k.target == targetPostgres || k.target == targetPostgresUnbatched {
 			res.RatioToPgBench = medianOf(toPgBench)
 		}
 		r.SweepResults = append(r.SweepResults, res)
 	}
-	var tps []float64
 	for _, c := range uniqueClients(r.SweepPgBench) {
-		tps = tps[:0]
+		var runs []pgbenchRound
 		for _, p := range r.SweepPgBench {
 			if p.Clients == c {
-				tps = append(tps, p.TPS)
+				runs = append(runs, p)
 			}
 		}
-		r.SweepResults = append(r.SweepResults, sweepResult{Clients: c, Target: "pgbench (single statements)", ReqPerSec: median(tps)})
+		r.SweepResults = append(r.SweepResults, sweepResult{Clients: c, Target: targetPgBench, ReqPerSec: pgbenchMedian(runs).TPS,
+			cpuFigures: pgbenchFigures(runs)})
 	}
 	sort.SliceStable(r.SweepResults, func(i, j int) bool { return r.SweepResults[i].Clients < r.SweepResults[j].Clients })
+}
+
+// targetPgBench names pgbench's single statements in the sweep.
+const targetPgBench = "pgbench (single statements)"
+
+// pgbenchMedian is the median across runs of tps and latency.
+func pgbenchMedian(runs []pgbenchRound) pgbenchRound {
+	var tps, lat []float64
+	for _, p := range runs {
+		tps, lat = append(tps, p.TPS), append(lat, p.LatencyAvgMs)
+	}
+	return pgbenchRound{TPS: median(tps), LatencyAvgMs: median(lat)}
+}
+
+// pgbenchFigures are pgbench's CPU per command as cpuFigures: pgbench's
+// own as the process's, Postgres's as the server's (medians across runs).
+func pgbenchFigures(runs []pgbenchRound) cpuFigures {
+	var client, server, backend, background, total []float64
+	for _, p := range runs {
+		client, server = append(client, p.ClientCPUUsPerCmd), append(server, p.ServerCPUUsPerCmd)
+		backend, background = append(backend, p.PGBackendCPUUsPerCmd), append(background, p.PGBackgroundCPUUsPerCmd)
+		total = append(total, p.ClientCPUUsPerCmd+p.ServerCPUUsPerCmd)
+	}
+	if len(runs) == 0 {
+		return cpuFigures{}
+	}
+	return cpuFigures{CPUUsPerReq: median(total), ProcessCPUUsPerReq: median(client), ServerCPUUsPerReq: median(server),
+		PGBackendCPUUsPerReq: median(backend), PGBackgroundCPUUsPerReq: median(background)}
+}
+
+// medianFigures are the medians across runs of each CPU and group commit
+// figure; the statement and operation counts are summed.
+func medianFigures(runs []measurement) cpuFigures {
+	var f cpuFigures
+	pick := func(get func(cpuFigures) float64) float64 {
+		v := make([]float64, 0, len(runs))
+		for _, m := range runs {
+			v = append(v, get(m.cpuFigures))
+		}
+		if len(v) == 0 {
+			return 0
+		}
+		return median(v)
+	}
+	f.CPUUsPerReq = pick(func(c cpuFigures) float64 { return c.CPUUsPerReq })
+	f.ProcessCPUUsPerReq = pick(func(c cpuFigures) float64 { return c.ProcessCPUUsPerReq })
+	f.ServerCPUUsPerReq = pick(func(c cpuFigures) float64 { return c.ServerCPUUsPerReq })
+	f.PGBackendCPUUsPerReq = pick(func(c cpuFigures) float64 { return c.PGBackendCPUUsPerReq })
+	f.PGBackgroundCPUUsPerReq = pick(func(c cpuFigures) float64 { return c.PGBackgroundCPUUsPerReq })
+	var batched []measurement
+	for _, m := range runs {
+		if m.Batches != nil {
+			batched = append(batched, m)
+		}
+	}
+	if len(batched) == 0 {
+		return f
+	}
+	b := &batchStats{Statements: map[string]int{}, Operations: map[string]int{}}
+	batch := func(get func(*batchStats) float64) float64 {
+		v := make([]float64, 0, len(batched))
+		for _, m := range batched {
+			v = append(v, get(m.Batches))
+		}
+		return median(v)
+	}
+	for _, m := range batched {
+		for op, n := range m.Batches.Statements {
+			b.Statements[op] += n
+		}
+		for op, n := range m.Batches.Operations {
+			b.Operations[op] += n
+		}
+	}
+	b.ClaimOpsPerStatement = batch(func(s *batchStats) float64 { return s.ClaimOpsPerStatement })
+	b.CompleteOpsPerStatement = batch(func(s *batchStats) float64 { return s.CompleteOpsPerStatement })
+	b.OpsPerStatement = batch(func(s *batchStats) float64 { return s.OpsPerStatement })
+	b.QueueP50Ms = batch(func(s *batchStats) float64 { return s.QueueP50Ms })
+	b.QueueP99Ms = batch(func(s *batchStats) float64 { return s.QueueP99Ms })
+	f.Batches = b
+	return f
 }
 
 func uniqueClients(runs []pgbenchRound) []int {
@@ -525,27 +620,8 @@ func writeText(w io.Writer, r *Report) {
 	c := r.Config
 	fmt.Fprintf(w, "\nidembench: %d clients, %s × %d rounds (median shown), racing groups of %d, %s, %d CPUs, GOMAXPROCS %d, access log %s, load average %s at the start, %s at the end\n\n",
 		c.Clients, c.Duration, c.Rounds, c.GroupSize, c.GoVersion, c.NumCPU, c.GOMAXPROCS, c.LogLevel, c.LoadAvgStart, c.LoadAvgEnd)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\ttarget\treq/s\tp50 ms\tp99 ms\t× bare\tbaseline\tcpu µs/req\tΔcpu µs\t× bare (cpu)\tupstream calls\tkeys\tstatus\t")
-	for _, res := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.3f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n",
-			res.Scenario, res.Target, res.ReqPerSec, res.P50Ms, res.P99Ms,
-			ratioString(res.RatioToBare), res.Baseline, cpuString(res.CPUUsPerReq), deltaString(res.CPUAddedUs), ratioString(res.CPURatioToBare),
-			res.UpstreamCalls, res.Keys, statusString(res.Status))
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	if len(r.SweepResults) > 0 {
-		fmt.Fprintln(w, "Postgres sweep, keyed unique keys:")
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "clients\ttarget\treq/s\tp50 ms\tp99 ms\t× bare\t× pgbench\t× unbatched\tp50 × unbatched\t")
-		for _, res := range r.SweepResults {
-			fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", res.Clients, res.Target, res.ReqPerSec,
-				msString(res.P50Ms), msString(res.P99Ms), ratioString(res.RatioToBare), ratioString(res.RatioToPgBench),
-				ratioString(res.RatioToUnbatched), ratioString(res.P50ToUnbatched))
-		}
-		tw.Flush()
-		fmt.Fprintln(w)
+	for _, t := range r.tables() {
+		t.writeText(w)
 	}
 	for _, line := range r.notes() {
 		fmt.Fprintln(w, line)
@@ -573,23 +649,8 @@ func writeMarkdown(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "; load average %s at the start, %s at the end", c.LoadAvgStart, c.LoadAvgEnd)
 	}
 	fmt.Fprint(w, ".\n\n")
-	fmt.Fprintln(w, "| scenario | target | req/s | p50 ms | p99 ms | × bare | cpu µs/req | Δcpu µs vs bare | × bare (cpu) | upstream calls | keys |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, res := range r.Results {
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %d | %d |\n",
-			res.Scenario, res.Target, res.ReqPerSec, res.P50Ms, res.P99Ms, ratioString(res.RatioToBare),
-			cpuString(res.CPUUsPerReq), deltaString(res.CPUAddedUs), ratioString(res.CPURatioToBare), res.UpstreamCalls, res.Keys)
-	}
-	fmt.Fprintln(w)
-	if len(r.SweepResults) > 0 {
-		fmt.Fprintln(w, "| clients | target | req/s | p50 ms | p99 ms | × bare | × pgbench | × unbatched | p50 × unbatched |")
-		fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-		for _, res := range r.SweepResults {
-			fmt.Fprintf(w, "| %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n", res.Clients, res.Target, res.ReqPerSec,
-				msString(res.P50Ms), msString(res.P99Ms), ratioString(res.RatioToBare), ratioString(res.RatioToPgBench),
-				ratioString(res.RatioToUnbatched), ratioString(res.P50ToUnbatched))
-		}
-		fmt.Fprintln(w)
+	for _, t := range r.tables() {
+		t.writeMarkdown(w)
 	}
 	for _, line := range r.notes() {
 		fmt.Fprintf(w, "- %s\n", line)
@@ -604,6 +665,178 @@ func writeMarkdown(w io.Writer, r *Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", ch.Name, ch.Want, ch.Got, met)
 	}
+}
+
+// table is one table of the report, printed as text or as markdown.
+type table struct {
+	// title is printed above the table; it may be empty.
+	title string
+	// columns are the headers; the first left gives how many columns
+	// are left-aligned, the others are right-aligned.
+	columns []string
+	left    int
+	rows    [][]string
+}
+
+func (t table) writeText(w io.Writer) {
+	if len(t.rows) == 0 {
+		return
+	}
+	if t.title != "" {
+		fmt.Fprintln(w, t.title+":")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(t.columns, "\t")+"\t")
+	for _, row := range t.rows {
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+func (t table) writeMarkdown(w io.Writer) {
+	if len(t.rows) == 0 {
+		return
+	}
+	if t.title != "" {
+		fmt.Fprintf(w, "%s:\n\n", t.title)
+	}
+	fmt.Fprintln(w, "| "+strings.Join(t.columns, " | ")+" |")
+	align := make([]string, len(t.columns))
+	for i := range align {
+		align[i] = "---:"
+		if i < t.left {
+			align[i] = "---"
+		}
+	}
+	fmt.Fprintln(w, "|"+strings.Join(align, "|")+"|")
+	for _, row := range t.rows {
+		fmt.Fprintln(w, "| "+strings.Join(row, " | ")+" |")
+	}
+	fmt.Fprintln(w)
+}
+
+// tables are the report's tables: the scenarios, the sweep, Postgres's
+// CPU and group commit, the CPU breakdown.
+func (r *Report) tables() []table {
+	main := table{
+		columns: []string{"scenario", "target", "req/s", "p50 ms", "p99 ms", "× bare", "baseline", "cpu µs/req", "server µs/req", "Δcpu µs vs bare", "× bare (cpu)", "upstream calls", "keys", "status"},
+		left:    2,
+	}
+	for _, res := range r.Results {
+		main.rows = append(main.rows, []string{res.Scenario, res.Target, fmt.Sprintf("%.0f", res.ReqPerSec), msString(res.P50Ms), msString(res.P99Ms),
+			ratioString(res.RatioToBare), res.Baseline, cpuString(res.CPUUsPerReq), cpuString(res.ServerCPUUsPerReq), deltaString(res.CPUAddedUs),
+			ratioString(res.CPURatioToBare), strconv.FormatInt(res.UpstreamCalls, 10), strconv.Itoa(res.Keys), statusString(res.Status)})
+	}
+	sweep := table{
+		title:   "Sweep over client counts, keyed unique keys",
+		columns: []string{"clients", "target", "req/s", "p50 ms", "p99 ms", "× bare", "× pgbench", "× unbatched", "p50 × unbatched", "cpu µs/req", "server µs/req"},
+		left:    0,
+	}
+	for _, res := range r.SweepResults {
+		sweep.rows = append(sweep.rows, []string{strconv.Itoa(res.Clients), res.Target, fmt.Sprintf("%.0f", res.ReqPerSec),
+			msString(res.P50Ms), msString(res.P99Ms), ratioString(res.RatioToBare), ratioString(res.RatioToPgBench),
+			ratioString(res.RatioToUnbatched), ratioString(res.P50ToUnbatched), cpuString(res.CPUUsPerReq), cpuString(res.ServerCPUUsPerReq)})
+	}
+	return []table{main, sweep, r.databaseTable(), r.breakdownTable()}
+}
+
+// databaseTable is Postgres's side of every Postgres run: the CPU per
+// command of this process (or pgbench) and of the database, and what
+// group commit did.
+func (r *Report) databaseTable() table {
+	t := table{
+		title: "Postgres: CPU per command and group commit (database = its backends serving the run + background processes)",
+		columns: []string{"run", "clients", "req/s or cmd/s", "process µs", "database µs", "backends µs", "background µs",
+			"claim ops/stmt", "complete ops/stmt", "queue p50 ms", "queue p99 ms"},
+		left: 1,
+	}
+	add := func(name string, clients int, rate float64, f cpuFigures) {
+		row := []string{name, strconv.Itoa(clients), fmt.Sprintf("%.0f", rate), cpuString(f.ProcessCPUUsPerReq), cpuString(f.ServerCPUUsPerReq), "-", "-", "-", "-", "-", "-"}
+		if f.ServerCPUUsPerReq > 0 {
+			row[5], row[6] = fmt.Sprintf("%.1f", f.PGBackendCPUUsPerReq), fmt.Sprintf("%.1f", f.PGBackgroundCPUUsPerReq)
+		}
+		if b := f.Batches; b != nil {
+			row[7], row[8] = opsString(b.ClaimOpsPerStatement), opsString(b.CompleteOpsPerStatement)
+			row[9], row[10] = fmt.Sprintf("%.3f", b.QueueP50Ms), fmt.Sprintf("%.3f", b.QueueP99Ms)
+		}
+		t.rows = append(t.rows, row)
+	}
+	isPG := func(target string) bool { return target == targetPostgres || target == targetPostgresUnbatched }
+	for _, res := range r.Results {
+		if isPG(res.Target) {
+			add(res.Scenario+", "+res.Target, r.Config.Clients, res.ReqPerSec, res.cpuFigures)
+		}
+	}
+	if len(r.StoreLevel) > 0 {
+		var cps []float64
+		for _, m := range r.StoreLevel {
+			cps = append(cps, m.ReqPerSec)
+		}
+		add("store alone, Claim+Complete, no HTTP", r.Config.Clients, median(cps), medianFigures(r.StoreLevel))
+	}
+	if len(r.PgBench) > 0 {
+		add("pgbench, single statements", r.PgBench[0].Clients, pgbenchMedian(r.PgBench).TPS, pgbenchFigures(r.PgBench))
+	}
+	if len(r.PgBenchBatched) > 0 {
+		f := pgbenchFigures(r.PgBenchBatched)
+		add(fmt.Sprintf("pgbench, %d commands a statement (cmd/s)", r.PgBenchBatched[0].Batch), r.PgBenchBatched[0].Clients,
+			pgbenchMedian(r.PgBenchBatched).TPS*float64(r.PgBenchBatched[0].Batch), f)
+	}
+	for _, res := range r.SweepResults {
+		if isPG(res.Target) || res.Target == targetPgBench {
+			add("sweep, keyed-unique, "+res.Target, res.Clients, res.ReqPerSec, res.cpuFigures)
+		}
+	}
+	for _, row := range t.rows {
+		if row[4] != "-" {
+			return t
+		}
+	}
+	// Nothing measured on the database side: no Postgres run, or a
+	// server this process cannot see; keep the group-commit figures.
+	for _, row := range t.rows {
+		if row[7] != "-" {
+			return t
+		}
+	}
+	t.rows = nil
+	return t
+}
+
+// breakdownTable is -breakdown's: µs of CPU per keyed request by part.
+func (r *Report) breakdownTable() table {
+	t := table{
+		title: "Where the CPU goes, keyed unique keys: µs per request ± sampling error (CPU profile for the split, getrusage for the process's total)",
+		columns: append(append([]string{"target", "req/s"}, processParts...),
+			"process", "database or Redis server", "end to end", "samples", "profiled"),
+		left: 1,
+	}
+	for _, b := range r.BreakdownResults {
+		row := []string{b.Target, fmt.Sprintf("%.0f", b.ReqPerSec)}
+		for _, name := range processParts {
+			p, ok := b.part(name)
+			if !ok {
+				row = append(row, "-")
+				continue
+			}
+			row = append(row, fmt.Sprintf("%.1f ± %.1f", p.UsPerReq, p.StdErrUs))
+		}
+		server := cpuString(b.ServerUsPerReq)
+		if b.PGBackendUsPerReq > 0 {
+			server = fmt.Sprintf("%.1f (%.1f + %.1f)", b.ServerUsPerReq, b.PGBackendUsPerReq, b.PGBackgroundUsPerReq)
+		}
+		row = append(row, cpuString(b.ProcessUsPerReq), server, cpuString(b.TotalUsPerReq), strconv.Itoa(b.Samples), fmt.Sprintf("%.2f", b.ProfiledShare))
+		t.rows = append(t.rows, row)
+	}
+	return t
+}
+
+func opsString(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 // loadAvg is the first three fields of /proc/loadavg, or "" where there
@@ -625,6 +858,7 @@ func (r *Report) notes() []string {
 			out = append(out, fmt.Sprintf("p99 added by a keyed request over bare (%s): %+.3f ms", t, v))
 		}
 	}
+	out = append(out, r.Config.ServerCPU...)
 	if len(r.PgBench) > 0 {
 		var tps []float64
 		for _, p := range r.PgBench {
@@ -642,12 +876,13 @@ func (r *Report) notes() []string {
 			r.PgBenchBatched[0].Batch, r.PgBenchBatched[0].Clients, median(cps)))
 	}
 	if len(r.StoreLevel) > 0 {
-		var cps, p99, cpu []float64
+		var cps, p99 []float64
 		for _, m := range r.StoreLevel {
-			cps, p99, cpu = append(cps, m.ReqPerSec), append(p99, m.P99Ms), append(cpu, m.CPUUsPerReq)
+			cps, p99 = append(cps, m.ReqPerSec), append(p99, m.P99Ms)
 		}
-		out = append(out, fmt.Sprintf("Postgres store alone, Claim+Complete from %d goroutines, no HTTP: %.0f commands/s, p99 %.2f ms, %.1f µs Go CPU per command (median); ÷ pgbench tps: %s",
-			r.Config.Clients, median(cps), median(p99), median(cpu), ratioString(r.StoreToPgBench)))
+		f := medianFigures(r.StoreLevel)
+		out = append(out, fmt.Sprintf("Postgres store alone, Claim+Complete from %d goroutines, no HTTP: %.0f commands/s, p99 %.2f ms, %.1f µs Go CPU and %s µs database CPU per command (median); ÷ pgbench tps: %s",
+			r.Config.Clients, median(cps), median(p99), f.ProcessCPUUsPerReq, cpuString(f.ServerCPUUsPerReq), ratioString(r.StoreToPgBench)))
 	}
 	if m := r.Memory; m != nil {
 		if m.Records > 0 {

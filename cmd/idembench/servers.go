@@ -119,9 +119,11 @@ type target struct {
 	name   string
 	url    string
 	client *http.Client
-	// serverCPU, when set, reads the CPU time its store's server has used
-	// (Redis's INFO cpu), which a measurement adds to the process's own.
-	serverCPU func() time.Duration
+	// meter, when set, measures the CPU time its store's server uses
+	// during a run.
+	meter serverMeter
+	// batches, when set, sees what its store's group commit does.
+	batches *batchObserver
 }
 
 // env is everything one benchmark run starts, and how to stop it.
@@ -132,23 +134,19 @@ type env struct {
 	// pg is set when a Postgres target runs (the batched store, as
 	// cmd/idemproxy opens it by default); pgURL has search_path set to the
 	// run's own schema.
-	pg     *postgres.Store
-	pgURL  string
-	closes []func()
+	pg    *postgres.Store
+	pgURL string
+	// pgMeter measures the Postgres server's CPU for the run (nil when
+	// it cannot); pgBatches sees pg's group commit.
+	pgMeter   serverMeter
+	pgBatches *batchObserver
+	closes    []func()
 }
 
 func (e *env) close() {
 	for i := len(e.closes) - 1; i >= 0; i-- {
 		e.closes[i]()
 	}
-}
-
-// storeCPU is the CPU time t's store server has used, or zero.
-func (t *target) storeCPU() time.Duration {
-	if t.serverCPU == nil {
-		return 0
-	}
-	return t.serverCPU()
 }
 
 // newClient is a load client's HTTP client: keep-alive connections, one
@@ -222,12 +220,16 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			add(name, s.url)
 		case targetPostgres, targetPostgresUnbatched:
 			if e.pg == nil {
-				pg, pgURL, closePG, err := openPostgres(ctx, opts, progress)
+				e.pgBatches = &batchObserver{}
+				pg, pgURL, meter, closePG, err := openPostgres(ctx, opts, e.pgBatches, progress)
 				if err != nil {
 					return nil, err
 				}
 				e.closes = append(e.closes, closePG)
 				e.pg, e.pgURL = pg, pgURL
+				if meter != nil {
+					e.pgMeter = meter
+				}
 			}
 			pg := e.pg
 			if name == targetPostgresUnbatched {
@@ -246,6 +248,10 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
+			e.targets[len(e.targets)-1].meter = e.pgMeter
+			if name == targetPostgres {
+				e.targets[len(e.targets)-1].batches = e.pgBatches
+			}
 		case targetRedis, targetRedisNoCache:
 			rd, serverCPU, closeRedis, err := openRedis(ctx, opts, progress)
 			if err != nil {
@@ -262,7 +268,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close)
 			add(name, s.url)
-			e.targets[len(e.targets)-1].serverCPU = serverCPU
+			e.targets[len(e.targets)-1].meter = counterMeter{read: serverCPU}
 		default:
 			return nil, fmt.Errorf("unknown target %q", name)
 		}
@@ -317,12 +323,15 @@ func accessLogger(level string) (*slog.Logger, error) {
 }
 
 // openPostgres creates a schema of the run's own in the database at
-// opts.DatabaseURL, migrates it and opens the store on it. The close
-// function closes the store and drops the schema.
-func openPostgres(ctx context.Context, opts options, progress io.Writer) (*postgres.Store, string, func(), error) {
+// opts.DatabaseURL, migrates it and opens the store on it, its group
+// commit seen by batches. The URL it returns names the schema and an
+// application_name of the run's own, which the meter (nil where the
+// server's processes cannot be read) counts the backends of. The close
+// function closes the store and the meter and drops the schema.
+func openPostgres(ctx context.Context, opts options, batches *batchObserver, progress io.Writer) (_ *postgres.Store, _ string, _ *pgMeter, _ func(), err error) {
 	schema := "idembench_" + randomHex(6)
 	if err := execSQL(ctx, opts.DatabaseURL, "CREATE SCHEMA "+schema); err != nil {
-		return nil, "", nil, fmt.Errorf("postgres: %w", err)
+		return nil, "", nil, nil, fmt.Errorf("postgres: %w", err)
 	}
 	drop := func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -331,30 +340,54 @@ func openPostgres(ctx context.Context, opts options, progress io.Writer) (*postg
 			fmt.Fprintf(progress, "warning: could not drop schema %s: %v\n", schema, err)
 		}
 	}
+	var closes []func()
+	closeAll := func() {
+		for i := len(closes) - 1; i >= 0; i-- {
+			closes[i]()
+		}
+	}
+	closes = append(closes, drop)
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	appName := schema
 	dbURL, err := withParam(opts.DatabaseURL, "search_path", schema)
+	if err == nil {
+		dbURL, err = withParam(dbURL, "application_name", appName)
+	}
 	if err != nil {
-		drop()
-		return nil, "", nil, err
+		return nil, "", nil, nil, err
 	}
 	if _, err := migrations.Migrate(ctx, dbURL, migrations.Up, nil); err != nil {
-		drop()
-		return nil, "", nil, fmt.Errorf("postgres migrations: %w", err)
+		return nil, "", nil, nil, fmt.Errorf("postgres migrations: %w", err)
 	}
 	pg, err := postgres.New(ctx, postgres.Options{
 		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight,
+		ObserveBatch: batches.observeBatch, ObserveQueue: batches.observeQueue,
 	})
 	if err != nil {
-		drop()
-		return nil, "", nil, err
+		return nil, "", nil, nil, err
 	}
+	closes = append(closes, pg.Close)
 	if err := pg.Ping(ctx); err != nil {
-		pg.Close()
-		drop()
-		return nil, "", nil, err
+		return nil, "", nil, nil, err
 	}
 	fmt.Fprintf(progress, "postgres: schema %s (dropped at the end), pool of %d connections, group commit of up to %d operations, %d statements of a kind in flight\n",
 		schema, opts.DBMaxConns, opts.DBBatchMax, opts.DBBatchesInFlight)
-	return pg, dbURL, func() { pg.Close(); drop() }, nil
+	meter, err := newPgMeter(ctx, opts.DatabaseURL, appName, schema)
+	if err != nil {
+		return nil, "", nil, nil, fmt.Errorf("postgres meter: %w", err)
+	}
+	closes = append(closes, meter.close)
+	// The pool holds a connection since the ping: if no backend of the
+	// run's can be read, the server is not one this process can see.
+	if _, ok := meter.start()(); !ok {
+		fmt.Fprintln(progress, "postgres: the server's processes are not visible in /proc here: its CPU is not measured")
+		return pg, dbURL, nil, closeAll, nil
+	}
+	return pg, dbURL, meter, closeAll, nil
 }
 
 func execSQL(ctx context.Context, dbURL, sql string) error {
