@@ -344,3 +344,33 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestRedisRenewKeepsIndexed: on a single server a renewal for longer
+// than any entry of the tenant lived raises the index's longest life, so
+// the index does not trim the renewed lock as the keys of ended entries.
+func TestRedisRenewKeepsIndexed(t *testing.T) {
+	r := newTestRedis(t, Options{URL: redistest.SharedURL(t), LockGrace: time.Second})
+	tenant := uuid.New()
+	c := storetest.NewClaim(tenant, "long", "a")
+	c.Lease = 2 * time.Second
+	storetest.MustClaim(t, r, c)
+	longest := func() int64 {
+		t.Helper()
+		score, ok := indexScore(t, r, tenant, "")
+		if !ok {
+			t.Fatal("the index has no longest life")
+		}
+		return -score
+	}
+	before := longest()
+	if err := r.Renew(t.Context(), tenant, c.Key, c.Owner, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := longest(), (time.Hour + time.Second).Microseconds(); got < want || got <= before {
+		t.Errorf("the index's longest life after a renewal for an hour is %dµs (before %dµs), want at least %dµs", got, before, want)
+	}
+	ttl, err := r.c.PTTL(t.Context(), r.indexKey(tenant)).Result()
+	if err != nil || ttl < time.Hour {
+		t.Errorf("the index expires in %s (%v), want at least the renewed lock's life", ttl, err)
+	}
+}

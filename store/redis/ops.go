@@ -156,7 +156,7 @@ func (r *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner
 func (r *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.run(ctx, renewScript, r.key(tenant, key), true, owner[:], max(lease.Microseconds(), 1), r.graceUS)
+	v, err := r.runKeys(ctx, renewScript, r.scriptKeys(tenant, key), true, owner[:], max(lease.Microseconds(), 1), r.graceUS)
 	if err != nil {
 		return failure("renew", err)
 	}
