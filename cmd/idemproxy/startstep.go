@@ -37,8 +37,13 @@ func (s *startStep) start(ctx, bg context.Context, wg *sync.WaitGroup, log *slog
 	case errors.Is(err, idemproxy.ErrMisconfigured):
 		return fmt.Errorf("%s store cannot be used, and retrying will not help: %w", s.store, err)
 	case errors.Is(err, idemproxy.ErrUnavailable):
-		log.Error(fmt.Sprintf("%s unreachable at start: its %s will be retried in the background; "+
-			"keyed requests are answered 503 until then", s.store, s.what), "error", err)
+		cause := "unreachable"
+		var named *idemproxy.UnavailableError
+		if errors.As(err, &named) {
+			cause = "not usable (" + named.Reason + ")"
+		}
+		log.Error(fmt.Sprintf("%s %s at start: its %s will be retried in the background; "+
+			"keyed requests are answered 503 until then", s.store, cause, s.what), "error", err)
 		s.pending.Store(&err)
 		wg.Go(func() { s.retry(bg, log) })
 		return nil
