@@ -39,9 +39,14 @@ type Attempt struct {
 	// counted from before the claim or the last renewal was sent: never
 	// later than the store's own end. mu guards it.
 	leaseEnd time.Time
-	body     *bodyReader // nil for an empty body
-	bodyLen  int64
-	cancel   context.CancelFunc
+	// tx is the command's transaction (Config.Transactional, or a
+	// caller's transaction), nil on the non-transactional path: the
+	// claim and the record are written in it, and settling commits or
+	// rolls it back instead of releasing.
+	tx      idemproxy.Tx
+	body    *bodyReader // nil for an empty body
+	bodyLen int64
+	cancel  context.CancelFunc
 
 	// The renewals of the lease (lease.go), guarded by mu: renewal is
 	// the timer of the next one, nil once they stop; settling is set once
@@ -61,71 +66,145 @@ type Attempt struct {
 // buffered. The caller forwards that request exactly once, settles the
 // outcome with Answered, NotSent or Unknown, and calls End.
 func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Request) {
+	return g.begin(w, r, false)
+}
+
+// begin is Begin, with the claim and the command in a transaction when
+// inTx is set (the forwarded request's context then carries it).
+func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool) (*Attempt, *http.Request) {
+	c := g.prepare(w, r)
+	if c == nil {
+		return nil, nil
+	}
+	ctx := context.WithoutCancel(r.Context())
+	if inTx {
+		var err error
+		if ctx, c.tx, err = g.tx.BeginTx(ctx); err != nil {
+			c.End()
+			c.info.Outcome = OutcomeStoreUnavailable
+			g.log.ErrorContext(r.Context(), "transaction not begun", "request_id", c.info.RequestID, "error", err)
+			idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+			return nil, nil
+		}
+	}
+	if !g.claimHTTP(w, r, c, ctx) {
+		return nil, nil
+	}
+	ctx, c.cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
+}
+
+// prepare reads a checked request up to its claim: its key, tenant and
+// body. It returns the attempt, not claimed yet, or nil when it answered
+// the request (bad input).
+func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 	ri := InfoFrom(r.Context())
 	values, keyed := r.Header["Idempotency-Key"]
 	if !keyed { // checked without a key: its method must carry one
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
 			fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
-		return nil, nil
+		return nil
 	}
 	key, err := ParseKey(values)
 	if err != nil {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
-		return nil, nil
+		return nil
 	}
 	ri.Key = key
 	if isUpgrade(r.Header) {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemUpgradeRefused, fmt.Sprintf(
 			"a request with an Idempotency-Key cannot switch protocols (Upgrade: %s): a tunnel is not a command that can be recorded; send the upgrade without the key", r.Header.Get("Upgrade"))))
-		return nil, nil
+		return nil
 	}
 	tenant, ok := tenancy.FromContext(r.Context())
 	if !ok {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
-		return nil, nil
+		return nil
 	}
 	ri.Tenant = tenant
 	body, upBody, prob := g.readBody(w, r)
 	if prob != nil {
 		g.reject(w, ri, prob)
-		return nil, nil
+		return nil
 	}
 
 	// The path is the escaped one the upstream receives: /a%2Fb is not /a/b.
 	path := r.URL.EscapedPath()
-	c := &Attempt{idem: g, info: ri, body: upBody, bodyLen: int64(len(body)), cancel: func() {}, claim: idemproxy.Claim{
+	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), commandType(r.Method, path))
+	c.body, c.bodyLen = upBody, int64(len(body))
+	return c
+}
+
+// newAttempt is an attempt at the command (tenant, key) of type ct, not
+// claimed yet.
+func (g *Step) newAttempt(ri *Info, tenant uuid.UUID, key string, fp idemproxy.Fingerprint, ct string) *Attempt {
+	return &Attempt{idem: g, info: ri, cancel: func() {}, claim: idemproxy.Claim{
 		Tenant:      tenant,
 		Key:         key,
-		Fingerprint: Fingerprint(r.Method, path, r.URL.RawQuery, body),
+		Fingerprint: fp,
 		CommandID:   newCommandID(),
-		CommandType: commandType(r.Method, path),
+		CommandType: ct,
 		Owner:       uuid.New(),
 		Lease:       g.cfg.LockTimeout,
 	}}
-	ctx := context.WithoutCancel(r.Context())
-	claimSent := time.Now()
-	res, err := g.cfg.Store.Claim(ctx, c.claim)
-	g.observe("claim", claimSent)
+}
+
+// claimHTTP claims the key of a prepared request, in the attempt's
+// transaction when it has one, and reports whether it did; when it did
+// not, the request is answered (the key locked or recorded, the store
+// unusable) and the attempt ended.
+func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx context.Context) bool {
+	ri := c.info
+	existing, err := c.claimKey(ctx)
 	switch {
 	case err != nil: // never forward a keyed request unprotected
 		c.End()
 		ri.Outcome = OutcomeStoreUnavailable
 		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
-		if claimMayHaveLanded(err) {
-			g.orphans.add(c.claim, claimSent, ri.RequestID)
-		}
 		idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
-		return nil, nil
-	case !res.Claimed:
+		return false
+	case existing != nil:
 		c.End()
-		g.answerExisting(w, ri, c.claim.Fingerprint, res.Entry)
-		return nil, nil
+		g.answerExisting(w, ri, c.claim.Fingerprint, *existing)
+		return false
 	}
 	ri.CommandID = c.claim.CommandID.String()
-	c.startRenewing(claimSent, res.Entry.Remaining)
 	ri.Outcome = OutcomeForwarded
-	ctx, c.cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
-	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
+	return true
+}
+
+// claimKey is the claim both mountings and Run make: one atomic store
+// operation, in the attempt's transaction when it has one. It returns
+// the entry that holds the key when the claim was not won, or the
+// store's error; a won claim's lease is renewed from then on (a claim in
+// a transaction needs no renewal: its row is the transaction's until it
+// ends). A claim whose answer was lost is released in the background.
+func (c *Attempt) claimKey(ctx context.Context) (*idemproxy.Entry, error) {
+	g := c.idem
+	sent := time.Now()
+	var (
+		res idemproxy.ClaimResult
+		err error
+	)
+	if c.tx != nil {
+		res, err = c.tx.Claim(ctx, c.claim)
+	} else {
+		res, err = g.cfg.Store.Claim(ctx, c.claim)
+	}
+	g.observe("claim", sent)
+	if err != nil {
+		if c.tx == nil && claimMayHaveLanded(err) {
+			g.orphans.add(c.claim, sent, c.info.RequestID)
+		}
+		return nil, err
+	}
+	if !res.Claimed {
+		return &res.Entry, nil
+	}
+	if c.tx == nil {
+		c.startRenewing(sent, res.Entry.Remaining)
+	}
+	return nil, nil
 }
 
 // answerExisting answers a request whose key is already locked or
@@ -219,9 +298,12 @@ func AttemptFrom(ctx context.Context) *Attempt {
 // CommandID is the id of the attempt's command.
 func (c *Attempt) CommandID() uuid.UUID { return c.claim.CommandID }
 
-// End ends the attempt: its lease's renewals, its deadline and its
-// buffered body.
+// End ends the attempt: its lease's renewals, its deadline, its
+// buffered body and its transaction if it was not committed.
 func (c *Attempt) End() {
+	if c.tx != nil {
+		c.rollback(context.Background()) // after a commit, nothing
+	}
 	c.stopRenewing()
 	c.cancel()
 	if c.body != nil {
@@ -241,11 +323,23 @@ func (c *Attempt) KeepsResponse(status int) bool {
 // the captured response, in mode replay). Any other status releases the
 // key, so a retry runs normally.
 func (c *Attempt) Answered(ctx context.Context, status int, resp *idemproxy.Response) {
+	_ = c.answered(ctx, status, resp)
+}
+
+// answered is Answered, reporting for an attempt in a transaction
+// whether the commit of a success failed: the command's effects were
+// then rolled back (or their fate is unknown, when the commit's answer
+// was lost), and its response must not be released.
+func (c *Attempt) answered(ctx context.Context, status int, resp *idemproxy.Response) error {
 	if !c.idem.cfg.SuccessStatus.Contains(status) {
 		c.release(ctx)
-		return
+		return nil
+	}
+	if c.tx != nil {
+		return c.commit(ctx, status, resp)
 	}
 	c.record(ctx, status, resp)
+	return nil
 }
 
 // NotSent settles a command that could not be sent (refused, DNS): it
@@ -319,6 +413,10 @@ func (c *Attempt) keyFree(ctx context.Context) bool {
 // release drops the lock of a command known not to have taken effect.
 func (c *Attempt) release(ctx context.Context) {
 	g, cl := c.idem, c.claim
+	if c.tx != nil {
+		c.rollback(ctx)
+		return
+	}
 	c.settle()
 	defer c.stopRenewing()
 	err := g.storeOp(ctx, "release", func(ctx context.Context) error {
@@ -332,6 +430,40 @@ func (c *Attempt) release(ctx context.Context) {
 			g.metrics.CountLockLost()
 		}
 		g.log.WarnContext(ctx, "lock not released; it ends with its lease",
+			"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key, "error", err)
+	}
+}
+
+// commit writes the record of a command that succeeded in its
+// transaction and commits it, with the command's writes. On failure
+// everything is rolled back (or the commit's fate is unknown) and the
+// error is returned: the key is then free, or holds the record.
+func (c *Attempt) commit(ctx context.Context, status int, resp *idemproxy.Response) error {
+	g, cl := c.idem, c.claim
+	comp := idemproxy.Completion{Tenant: cl.Tenant, Key: cl.Key, Owner: cl.Owner, Status: status, Response: resp, TTL: g.cfg.KeyTTL}
+	err := g.storeOp(ctx, "complete", func(ctx context.Context) error { return c.tx.Complete(ctx, comp) })
+	if err == nil {
+		err = g.storeOp(ctx, "commit", func(ctx context.Context) error { return c.tx.Commit(ctx) })
+		if err == nil {
+			return nil
+		}
+	}
+	c.rollback(ctx)
+	g.metrics.CountRecordWriteFailure()
+	g.log.ErrorContext(ctx, "transaction not committed after a success: the command's writes and its record are rolled back, or their commit's answer was lost",
+		"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+		"command_id", cl.CommandID.String(), "error", err)
+	return err
+}
+
+// rollback rolls back the attempt's transaction: the claim and the
+// command's writes are gone, and the key is free.
+func (c *Attempt) rollback(ctx context.Context) {
+	g, cl := c.idem, c.claim
+	err := g.storeOp(ctx, "rollback", func(ctx context.Context) error { return c.tx.Rollback(ctx) })
+	if err != nil {
+		// The connection is lost or closed: the server rolls back.
+		g.log.WarnContext(ctx, "rollback failed; the database rolls the transaction back when its connection ends",
 			"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key, "error", err)
 	}
 }

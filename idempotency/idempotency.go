@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -83,6 +84,14 @@ type Config struct {
 	// response Middleware holds); zero means 1 MiB. A larger response is
 	// recorded without its body and replays like mode noop.
 	ReplayMaxBytes int64
+	// Transactional runs each command in a database transaction: the
+	// claim, the command's own writes and its record commit together or
+	// not at all (Run's function, Middleware's handler, taking the
+	// transaction from their context: postgres.TxFrom). It needs a Store
+	// that is an idemproxy.Transactor (the Postgres store). Without it, Run
+	// still joins a caller's transaction that its context carries
+	// (postgres.WithTx).
+	Transactional bool
 	// Metrics receives the step's measurements; nil discards them.
 	Metrics Metrics
 	// Setting spells a setting's name in the details of the problems the
@@ -216,8 +225,10 @@ type Step struct {
 	require  map[string]bool
 	buffered *bodyBudget
 	orphans  *orphans
-	metrics  Metrics
-	log      *slog.Logger
+	// tx is the store as an idemproxy.Transactor, nil when it is not one.
+	tx      idemproxy.Transactor
+	metrics Metrics
+	log     *slog.Logger
 }
 
 // New validates cfg and returns the step.
@@ -228,8 +239,14 @@ func New(cfg Config) (*Step, error) {
 	if cfg.Store == nil {
 		return nil, &idemproxy.ConfigError{Struct: "idempotency.Config", Field: "Store", Reason: "is required"}
 	}
+	tx, _ := cfg.Store.(idemproxy.Transactor)
+	if cfg.Transactional && tx == nil {
+		return nil, &idemproxy.ConfigError{Struct: "idempotency.Config", Field: "Transactional",
+			Reason: fmt.Sprintf("needs a store that runs commands in transactions (idemproxy.Transactor, the Postgres store), got %T", cfg.Store)}
+	}
 	cfg = cfg.withDefaults()
 	g := &Step{
+		tx:       tx,
 		cfg:      cfg,
 		require:  map[string]bool{},
 		buffered: &bodyBudget{max: cfg.MaxBufferedBytes, metrics: cfg.Metrics},

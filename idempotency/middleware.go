@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -55,13 +56,25 @@ import (
 // with its lease and a retry runs next again (at least once under
 // crashes). Requests
 // that are not checked pass to next untouched.
+//
+// With Config.Transactional (the Postgres store) there is no such window
+// for next's writes to that database: the claim, next's writes through
+// the transaction its request's context carries (postgres.TxFrom) and the
+// record are one transaction, committed when next's status is a success
+// status, before the first byte of the response leaves (when the response
+// is committed early — flushed, or grown past ReplayMaxBytes — the
+// transaction commits then, and next's later writes through it fail).
+// Any other status, a panic, or a commit that fails (the client then
+// gets 503 instead of next's response) rolls all of it back and frees
+// the key; a crash does too. A duplicate while the transaction is open
+// is answered 409 at once.
 func (g *Step) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !g.Checked(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		cmd, out := g.Begin(w, r)
+		cmd, out := g.begin(w, r, g.cfg.Transactional)
 		if cmd == nil {
 			return
 		}
@@ -103,7 +116,14 @@ type heldResponse struct {
 	// committed is set once the command is settled and the response
 	// started on w; writes then go straight to w.
 	committed bool
+	// failed is set when the transaction of a success could not be
+	// committed: the client got 503, and the handler's writes go nowhere.
+	failed bool
 }
+
+// errNotCommitted is the error of a write after the transaction of the
+// command failed to commit.
+var errNotCommitted = errors.New("idempotency: the command's transaction was not committed; the response was replaced by 503")
 
 // errHijack is the error of Hijack on a checked request.
 var errHijack = fmt.Errorf("idempotency: a checked request's connection cannot be hijacked: its response must be held until the command is recorded: %w", http.ErrNotSupported)
@@ -124,11 +144,17 @@ func (h *heldResponse) Write(b []byte) (int, error) {
 	if h.status == 0 {
 		h.status = http.StatusOK
 	}
+	if h.failed {
+		return 0, errNotCommitted
+	}
 	if h.committed {
 		return h.w.Write(b)
 	}
 	if !h.hold(len(b)) {
 		h.commit(true)
+		if h.failed {
+			return 0, errNotCommitted
+		}
 		return h.w.Write(b)
 	}
 	h.body = append(h.body, b...)
@@ -171,6 +197,9 @@ func (h *heldResponse) Flush() { _ = h.FlushError() }
 // FlushError is Flush, reporting the client's writer's error.
 func (h *heldResponse) FlushError() error {
 	h.commit(true)
+	if h.failed {
+		return errNotCommitted
+	}
 	return http.NewResponseController(h.w).Flush()
 }
 
@@ -214,7 +243,14 @@ func (h *heldResponse) commit(partial bool) {
 			stored.Body = keep(h.body)
 		}
 	}
-	h.cmd.Answered(h.ctx, h.status, stored)
+	if err := h.cmd.answered(h.ctx, h.status, stored); err != nil {
+		// In a transaction: the command's writes were rolled back (or
+		// the commit's answer was lost), so its response must not go.
+		h.failed = true
+		h.drop()
+		idemproxy.WriteProblem(h.w, idemproxy.ProblemFor(err, h.cmd.idem.cfg.Setting))
+		return
+	}
 	out := h.w.Header()
 	for k, v := range h.header {
 		out[k] = v

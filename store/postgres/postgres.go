@@ -108,6 +108,9 @@ type Store struct {
 	sendsTimeout bool
 	// batches is nil when unbatched.
 	batches *pgBatchers
+	// borrowPool is set when the pool is the application's (NewFromPool):
+	// Close leaves it open.
+	borrowPool bool
 }
 
 // New returns a store backed by a pool of connections to opts.URL.
@@ -178,6 +181,9 @@ func New(_ context.Context, opts Options) (*Store, error) {
 // Close closes every connection of the pool, waiting for operations in
 // progress to return their connection. The store is unusable afterwards.
 func (p *Store) Close() {
+	if p.borrowPool {
+		return
+	}
 	p.pool.Close()
 }
 

@@ -1,0 +1,239 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
+)
+
+// Commands in the caller's transaction. The store is an
+// idemproxy.Transactor: package idempotency runs a command's claim, the
+// command's own writes and its record in one transaction, on the store's
+// pool (Config.Transactional) or inside a pgx.Tx the caller began
+// (WithTx), so that they commit together or not at all. A crash at any
+// moment leaves the writes and the record, or neither: the key is then
+// free at once, with no lease to wait out, and no lease is renewed while
+// the transaction is open (its row is invisible to others until the
+// commit, and the key is held by a transaction-level advisory lock).
+//
+// A duplicate must get "in progress" at once while the first transaction
+// is open. A plain INSERT … ON CONFLICT would wait for that transaction's
+// uncommitted row, so the claim first takes a transaction-level advisory
+// lock on a hash of (tenant, key) with pg_try_advisory_xact_lock, which
+// never waits: when another transaction holds it, the claim reports a
+// lock at once, in one round trip. Once it holds the advisory lock, the
+// only uncommitted row the claim can meet is one a single-statement
+// operation of the non-transactional path is writing (a moment). The
+// advisory lock is held to the end of the transaction (or of the
+// savepoint in the caller's transaction), which is what keeps the key;
+// transaction-level advisory locks work through a transaction-mode
+// pooler such as PgBouncer, session-level ones would not.
+//
+// The non-transactional path (the sidecar, Middleware without
+// Transactional) shares the rows: its live lock or record is answered as
+// usual, its lock whose lease ended is taken over. It does not take the
+// advisory lock, so a non-transactional claim that meets a key whose
+// transaction is still open waits for that transaction (bounded by the
+// statement timeout) and then sees its outcome.
+
+// txKey is the context key of the transaction a command runs in.
+type txKey struct{}
+
+// WithTx returns ctx carrying tx, a transaction the caller began on the
+// database of the store. A command that idempotency.Step.Run runs with the
+// returned context joins it: its claim, the function's writes through tx
+// and its record go in a savepoint of tx, which the function's error or
+// panic rolls back (the key is then free) and its success releases. The
+// caller commits tx (or rolls it back, and with it the record). tx must
+// be at isolation level READ COMMITTED, the default: at a higher one a
+// claim that meets a row committed after the transaction began fails.
+func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFrom returns the transaction ctx carries: in a function run by
+// idempotency.Step.Run in a transaction, or in a handler behind a
+// transactional idempotency.Step.Middleware (r.Context()), the
+// transaction to write through so that the writes commit with the
+// record.
+func TxFrom(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok && tx != nil
+}
+
+// NewFromPool returns a store on pool, the application's own connection
+// pool: no second pool is opened, and Close leaves pool open. opts.URL
+// must be empty; MaxConns and StatementTimeout are the pool's own
+// business (the statement timeout is not set on its connections, so set
+// it on the role or in the pool's configuration), and the other options
+// mean what they mean for New. The schema must have been applied with
+// migrations.Migrate.
+func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
+	if pool == nil {
+		return nil, &idemproxy.ConfigError{Struct: "postgres", Field: "NewFromPool", Reason: "needs a pool, got nil"}
+	}
+	if opts.URL != "" {
+		return nil, &idemproxy.ConfigError{Struct: "postgres.Options", Field: "URL", Reason: "must be empty with NewFromPool: the pool is already connected"}
+	}
+	check := opts
+	check.URL = "postgres://localhost/x" // only the other fields are checked
+	if err := check.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = 64
+	}
+	if opts.BatchesInFlight == 0 {
+		opts.BatchesInFlight = 2
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = 2 * time.Second
+	}
+	if opts.LockGrace <= 0 {
+		opts.LockGrace = time.Hour
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	opTimeout := opts.OpTimeout
+	if opTimeout <= 0 {
+		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
+	}
+	p := &Store{
+		pool:       pool,
+		opTimeout:  opTimeout,
+		graceUS:    opts.LockGrace.Microseconds(),
+		log:        opts.Logger,
+		borrowPool: true,
+	}
+	if !opts.Unbatched {
+		p.batches = newBatchers(p, opts)
+	}
+	return p, nil
+}
+
+// InTx reports whether ctx carries a transaction of the caller's (WithTx).
+func (p *Store) InTx(ctx context.Context) bool {
+	_, ok := TxFrom(ctx)
+	return ok
+}
+
+// BeginTx begins a command's transaction: a savepoint in the transaction
+// ctx carries (WithTx), or a new transaction on the store's pool. The
+// returned context carries it (TxFrom).
+func (p *Store) BeginTx(ctx context.Context) (context.Context, idemproxy.Tx, error) {
+	bctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	var (
+		tx  pgx.Tx
+		err error
+	)
+	if outer, ok := TxFrom(ctx); ok {
+		tx, err = outer.Begin(bctx) // a savepoint
+	} else {
+		tx, err = p.pool.Begin(bctx)
+	}
+	if err != nil {
+		return ctx, nil, pgerr.Failure("begin", err)
+	}
+	return WithTx(ctx, tx), &commandTx{p: p, tx: tx}, nil
+}
+
+// txLockSQL takes the transaction-level advisory lock of (tenant, key),
+// without waiting: it returns false when another transaction holds it.
+// The lock's number is a 64-bit hash of the pair, in a space of its own
+// ("idemproxy " prefixed); two pairs that share a hash only make one of
+// them answer "in progress" while the other's transaction is open.
+const txLockSQL = `SELECT pg_try_advisory_xact_lock(hashtextextended('idemproxy ' || $1::uuid::text || ' ' || $2::text, 0))`
+
+// commandTx is a command's transaction.
+type commandTx struct {
+	p  *Store
+	tx pgx.Tx
+}
+
+// Claim claims (c.Tenant, c.Key) inside the transaction, never waiting
+// for another transaction that holds it.
+func (t *commandTx) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.p.opTimeout)
+	defer cancel()
+	var got bool
+	if err := t.tx.QueryRow(ctx, txLockSQL, pgUUID(c.Tenant), c.Key).Scan(&got); err != nil {
+		return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
+	}
+	if !got { // another transaction holds the key: its row is not visible yet
+		return idemproxy.ClaimResult{Entry: idemproxy.Entry{
+			Tenant: c.Tenant, Key: c.Key, State: idemproxy.StateInFlight,
+			Fingerprint: c.Fingerprint, Remaining: c.Lease,
+		}}, nil
+	}
+	for range claimAttempts {
+		var claimed bool
+		e, err := scanEntry(t.tx.QueryRow(ctx, ClaimSQL, claimParams(&c, t.p.graceUS)...), &claimed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // a concurrent commit hid the conflicting row: again
+		}
+		if err != nil {
+			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
+		}
+		e.Tenant, e.Key = c.Tenant, c.Key
+		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
+	}
+	return idemproxy.ClaimResult{}, errClaimOutOfSight
+}
+
+// Complete turns the transaction's lock into a record, in the transaction.
+func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error {
+	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
+	if r := c.Response; r != nil {
+		if r.Header != nil {
+			h, err := json.Marshal(r.Header)
+			if err != nil {
+				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
+			}
+			a.header = h
+		}
+		a.body, a.truncated = r.Body, &r.Truncated
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.p.opTimeout)
+	defer cancel()
+	tag, err := t.tx.Exec(ctx, CompleteSQL, completeParams(&a)...)
+	if err != nil {
+		return pgerr.Failure("complete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Commit commits the transaction, or releases the savepoint.
+func (t *commandTx) Commit(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.p.opTimeout)
+	defer cancel()
+	if err := t.tx.Commit(ctx); err != nil {
+		return pgerr.Failure("commit", err)
+	}
+	return nil
+}
+
+// Rollback rolls the transaction back, or back to the savepoint.
+func (t *commandTx) Rollback(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.p.opTimeout)
+	defer cancel()
+	if err := t.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return pgerr.Failure("rollback", err)
+	}
+	return nil
+}
+
+var _ idemproxy.Transactor = (*Store)(nil)
