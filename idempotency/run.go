@@ -170,7 +170,6 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 		return Result{}, err
 	}
 	if existing != nil {
-		ri.CommandID = existing.CommandID.String()
 		return g.commandAnswer(ri, c.claim.Fingerprint, *existing)
 	}
 	ri.CommandID = c.claim.CommandID.String()
