@@ -62,13 +62,11 @@ type Attempt struct {
 // outcome with Answered, NotSent or Unknown, and calls End.
 func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Request) {
 	ri := InfoFrom(r.Context())
-	values, keyed := r.Header["Idempotency-Key"]
+	key, keyed, err := g.requestKey(r)
 	if !keyed { // checked without a key: its method must carry one
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
-			fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired, g.keyRequired(r)))
 		return nil, nil
 	}
-	key, err := ParseKey(values)
 	if err != nil {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
 		return nil, nil
@@ -85,7 +83,7 @@ func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Re
 		return nil, nil
 	}
 	ri.Tenant = tenant
-	body, upBody, prob := g.readBody(w, r)
+	body, upBody, prob := g.requestBody(w, r)
 	if prob != nil {
 		g.reject(w, ri, prob)
 		return nil, nil
@@ -98,7 +96,7 @@ func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Re
 		Key:         key,
 		Fingerprint: Fingerprint(r.Method, path, r.URL.RawQuery, body),
 		CommandID:   newCommandID(),
-		CommandType: commandType(r.Method, path),
+		CommandType: g.commandTypeOf(r.Method, path),
 		Owner:       uuid.New(),
 		Lease:       g.cfg.LockTimeout,
 	}}

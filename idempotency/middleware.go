@@ -57,6 +57,11 @@ import (
 // that are not checked pass to next untouched.
 func (g *Step) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r, done, ok := g.Prepare(w, r)
+		if !ok {
+			return
+		}
+		defer done()
 		if !g.Checked(r) {
 			next.ServeHTTP(w, r)
 			return
