@@ -329,7 +329,7 @@ func (p *routesParser) checkSettings(name string, r *Route) {
 			continue
 		}
 		spell := func(field string) string {
-			if f, ok := routeField[field]; ok {
+			if f, ok := routeField[field]; ok && field != "MaxBufferedBytes" {
 				if _, set := r.Fields[f]; set {
 					return f
 				}
