@@ -201,6 +201,9 @@ func TestRoutesSIGHUP(t *testing.T) {
 	if rs := v["routes"].([]any); len(rs) != 1 || rs[0].(map[string]any)["command"] != "Pay" {
 		t.Fatalf("policy after an invalid reload: %v", v)
 	}
+	if !strings.Contains(s.logs.String(), `"route":"POST /v1/search"`) {
+		t.Error("the access log does not name the route")
+	}
 	m := metricsText(t, s.admin)
 	for _, want := range []string{
 		`idemproxy_requests_total{outcome="rejected",route="POST /v1/payments"} 1`,
