@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,9 +132,11 @@ func ParseRoutes(file string, data []byte, base idempotency.Config) (*Routes, er
 			if !ok {
 				continue
 			}
-			key := r.Method + " " + r.Pattern
+			// Two patterns that differ only in their parameters' names
+			// match the same requests: chi would keep one of them.
+			key := r.Method + " " + paramNames.ReplaceAllString(r.Pattern, "{$1}")
 			if first, dup := seen[key]; dup {
-				p.fail(r.Line, fmt.Sprintf("routes[%d].match", i), "%q is already the match of the route on line %d", r.Match, first)
+				p.fail(r.Line, fmt.Sprintf("routes[%d].match", i), "%q matches the same requests as the route on line %d", r.Match, first)
 				continue
 			}
 			seen[key] = r.Line
@@ -149,6 +152,10 @@ func ParseRoutes(file string, data []byte, base idempotency.Config) (*Routes, er
 	}
 	return rs, nil
 }
+
+// paramNames finds the names of a pattern's {name} and {name:regexp}
+// parameters.
+var paramNames = regexp.MustCompile(`\{[^{}:]*(:[^{}]*)?\}`)
 
 // addRoute adds a route to mux, turning chi's panic at a pattern it
 // refuses into an error.
