@@ -22,7 +22,7 @@ const DefaultRoute = "default"
 type routeTable struct {
 	routes   *Routes
 	mux      *chi.Mux
-	entries  map[string]*routeEntry // by "METHOD pattern"
+	entries  map[methodPattern]*routeEntry
 	loadedAt time.Time
 }
 
@@ -34,6 +34,9 @@ type routeEntry struct {
 }
 
 type routeKey struct{}
+
+// methodPattern names a route in routeTable.entries.
+type methodPattern struct{ method, pattern string }
 
 // routeContexts are the chi route contexts matching reuses.
 var routeContexts = sync.Pool{New: func() any { return chi.NewRouteContext() }}
@@ -55,7 +58,7 @@ func (t *routeTable) match(r *http.Request) *routeEntry {
 	if pattern == "" {
 		return nil
 	}
-	return t.entries[method+" "+pattern]
+	return t.entries[methodPattern{method, pattern}]
 }
 
 func isUpperASCII(s string) bool {
@@ -76,7 +79,7 @@ func (p *Proxy) SetRoutes(rs *Routes) error {
 		p.routes.Store(nil)
 		return nil
 	}
-	t := &routeTable{routes: rs, mux: chi.NewMux(), entries: map[string]*routeEntry{}, loadedAt: time.Now()}
+	t := &routeTable{routes: rs, mux: chi.NewMux(), entries: map[methodPattern]*routeEntry{}, loadedAt: time.Now()}
 	for i := range rs.Routes {
 		r := &rs.Routes[i]
 		e := &routeEntry{route: r}
@@ -90,7 +93,7 @@ func (p *Proxy) SetRoutes(rs *Routes) error {
 		if err := addRoute(t.mux, r.Method, r.Pattern, nil); err != nil {
 			return &RoutesError{File: rs.File, Line: r.Line, Field: "route " + r.Match, Reason: err.Error()}
 		}
-		t.entries[r.Method+" "+r.Pattern] = e
+		t.entries[methodPattern{r.Method, r.Pattern}] = e
 	}
 	p.routes.Store(t)
 	return nil
