@@ -59,7 +59,7 @@ const (
 var (
 	allTargets     = []string{targetDirect, targetBare, targetMemory, targetMemoryRoutes, targetPostgres, targetPostgresUnbatched, targetRedis, targetRedisNoCache}
 	defaultTargets = without(allTargets, targetMemoryRoutes)
-	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
+	allScenarios   = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
 )
 
 // Every request is a POST of this body to this path.
