@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ type composeService struct {
 	Expose      []string                     `yaml:"expose"`
 	DependsOn   map[string]composeDependency `yaml:"depends_on"`
 	Healthcheck *composeHealthcheck          `yaml:"healthcheck"`
+	Volumes     []string                     `yaml:"volumes"`
 }
 
 type composeBuild struct {
@@ -193,6 +195,27 @@ func TestComposeMatchesConfig(t *testing.T) {
 			if got := published[want]; got != want {
 				t.Errorf("idemproxy must publish %d:%d (%s), got ports %v", want, want, v, idem.Ports)
 			}
+		}
+
+		// The routes file is mounted where IDEMPROXY_ROUTES_FILE points,
+		// from a file of the repository that routes check accepts.
+		if path := env["IDEMPROXY_ROUTES_FILE"]; path != "" {
+			var src string
+			for _, v := range idem.Volumes {
+				parts := strings.Split(v, ":")
+				if len(parts) >= 2 && parts[1] == path {
+					src = parts[0]
+				}
+			}
+			if src == "" {
+				t.Fatalf("IDEMPROXY_ROUTES_FILE=%s, but no volume is mounted there (volumes %v)", path, idem.Volumes)
+			}
+			file := filepath.Join(repoRoot(t), filepath.FromSlash(src))
+			if out, err := routesCheck(nil, file); err != nil {
+				t.Errorf("idemproxy routes check %s: %v\n%s", src, err, out)
+			}
+		} else {
+			t.Error("the compose file does not show IDEMPROXY_ROUTES_FILE")
 		}
 
 		if d, ok := idem.DependsOn["postgres"]; !ok || d.Condition != "service_healthy" {

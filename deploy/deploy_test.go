@@ -119,6 +119,19 @@ func configured(t *testing.T, env map[string]string) (settings map[string]string
 	return settings, drain
 }
 
+// routesCheck is `idemproxy routes check file` run with env.
+func routesCheck(env map[string]string, file string) (string, error) {
+	cmd := exec.Command(idemproxyBin, "routes", "check", file)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		if v != "" {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // configDefaults maps every variable idemproxy reads to its default (""
 // if none).
 func configDefaults(t *testing.T) map[string]string {

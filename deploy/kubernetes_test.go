@@ -39,14 +39,25 @@ type deploymentSpec struct {
 		Spec struct {
 			TerminationGracePeriodSeconds *int           `yaml:"terminationGracePeriodSeconds"`
 			Containers                    []k8sContainer `yaml:"containers"`
+			Volumes                       []struct {
+				Name      string `yaml:"name"`
+				ConfigMap *struct {
+					Name string `yaml:"name"`
+				} `yaml:"configMap"`
+			} `yaml:"volumes"`
 		} `yaml:"spec"`
 	} `yaml:"template"`
 }
 
 type k8sContainer struct {
-	Name  string `yaml:"name"`
-	Image string `yaml:"image"`
-	Env   []struct {
+	Name         string `yaml:"name"`
+	Image        string `yaml:"image"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+		SubPath   string `yaml:"subPath"`
+	} `yaml:"volumeMounts"`
+	Env []struct {
 		Name  string `yaml:"name"`
 		Value string `yaml:"value"`
 	} `yaml:"env"`
@@ -157,6 +168,18 @@ func loadK8s(t *testing.T) ([]k8sObject, map[string][]byte) {
 	return objs, raws
 }
 
+// configMapNamed returns the ConfigMap called name.
+func configMapNamed(t *testing.T, objs []k8sObject, name string) k8sObject {
+	t.Helper()
+	for _, o := range objs {
+		if o.Kind == "ConfigMap" && o.Metadata.Name == name {
+			return o
+		}
+	}
+	t.Fatalf("deploy/kubernetes has no ConfigMap %s", name)
+	return k8sObject{}
+}
+
 // onlyKind returns the single object of a kind.
 func onlyKind(t *testing.T, objs []k8sObject, kind string) k8sObject {
 	t.Helper()
@@ -180,7 +203,7 @@ func TestKubernetesSidecar(t *testing.T) {
 	}
 	checkVars(t, "deploy/kubernetes/README.md", readRepoFile(t, "deploy/kubernetes/README.md"), known)
 
-	cm := onlyKind(t, objs, "ConfigMap")
+	cm := configMapNamed(t, objs, "orders-idemproxy")
 	secret := onlyKind(t, objs, "Secret")
 	deployObj := onlyKind(t, objs, "Deployment")
 	svcObj := onlyKind(t, objs, "Service")
@@ -238,10 +261,55 @@ func TestKubernetesSidecar(t *testing.T) {
 	for _, e := range sidecar.Env {
 		settings[e.Name] = e.Value
 	}
+	// The routes file: the ConfigMap mounted where IDEMPROXY_ROUTES_FILE
+	// points, written out so that `idemproxy config` validates it.
+	routesFile, routesDir := "", t.TempDir()
+	t.Run("routes file mounted from a ConfigMap", func(t *testing.T) {
+		path := settings["IDEMPROXY_ROUTES_FILE"]
+		if path == "" {
+			t.Fatal("the sidecar has no IDEMPROXY_ROUTES_FILE")
+		}
+		dir, base := filepath.Dir(path), filepath.Base(path)
+		var volume string
+		for _, m := range sidecar.VolumeMounts {
+			if m.MountPath == dir && m.SubPath == "" {
+				volume = m.Name
+			}
+		}
+		if volume == "" {
+			t.Fatalf("no volume is mounted (without subPath, so that updates reach it) at %s, the directory of IDEMPROXY_ROUTES_FILE", dir)
+		}
+		var cmName string
+		for _, v := range dep.Template.Spec.Volumes {
+			if v.Name == volume && v.ConfigMap != nil {
+				cmName = v.ConfigMap.Name
+			}
+		}
+		if cmName == "" {
+			t.Fatalf("volume %s is not a ConfigMap volume", volume)
+		}
+		content := configMapNamed(t, objs, cmName).Data[base]
+		if content == "" {
+			t.Fatalf("ConfigMap %s has no key %s", cmName, base)
+		}
+		routesFile = filepath.Join(routesDir, base)
+		if err := os.WriteFile(routesFile, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{"IDEMPROXY_STORE_TIMEOUT": settings["IDEMPROXY_STORE_TIMEOUT"],
+			"IDEMPROXY_LOCK_TIMEOUT": settings["IDEMPROXY_LOCK_TIMEOUT"], "IDEMPROXY_UPSTREAM_TIMEOUT": settings["IDEMPROXY_UPSTREAM_TIMEOUT"],
+			"IDEMPROXY_MAX_BODY_BYTES": settings["IDEMPROXY_MAX_BODY_BYTES"], "IDEMPROXY_MAX_BUFFERED_BYTES": settings["IDEMPROXY_MAX_BUFFERED_BYTES"]}
+		if out, err := routesCheck(env, routesFile); err != nil || !strings.Contains(out, "CreatePayment") {
+			t.Fatalf("idemproxy routes check refuses the ConfigMap's routes file: %v\n%s", err, out)
+		}
+	})
 	t.Run("grace period covers the drain", func(t *testing.T) {
 		env := map[string]string{}
 		for k, v := range settings {
 			env[k] = v
+		}
+		if routesFile != "" {
+			env["IDEMPROXY_ROUTES_FILE"] = routesFile
 		}
 		env["IDEMPROXY_DATABASE_URL"] = "postgres://placeholder/db" // from the Secret
 		_, drain := configured(t, env)

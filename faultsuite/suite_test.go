@@ -112,6 +112,13 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 			t.Fatal(err)
 		}
 	}
+	// The replicas run with a routes file: the load's POST /orders is one
+	// of its routes, so every keyed request goes through a route's policy
+	// (the same settings as the variables, its own command type).
+	routesFile := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(routesFile, []byte(faultRoutes), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	slots := make([]*slot, replicas)
 	for i := range slots {
 		st := faultnet.New(b.addr())
@@ -125,6 +132,7 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 			"IDEMPROXY_LOCK_TIMEOUT=" + lockTimeout.String(),
 			"IDEMPROXY_STORE_TIMEOUT=" + storeTimeout.String(),
 			"IDEMPROXY_LOG_LEVEL=info",
+			"IDEMPROXY_ROUTES_FILE=" + routesFile,
 		}, b.env(st.Addr())...)}
 	}
 	// Teardown, also on failure: every process first, then the paths and
@@ -301,6 +309,7 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 					fmt.Sprintf("replica %d gen %d: %v logged, %v counted", inst.slot, inst.gen, logged, metric))
 			}
 			rep.LockLostMetric += inst.metric("idemproxy_lock_lost_total")
+			rep.RouteForwarded += inst.metric(`idemproxy_requests_total{outcome="forwarded",route="POST /orders"}`)
 			rep.Instances++
 			if inst.crashed() {
 				crashed = append(crashed, fmt.Sprintf("replica %d gen %d: %v: %s", inst.slot, inst.gen, inst.exitErr, inst.stderrText()))
@@ -404,6 +413,9 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 	for _, m := range rep.MemoryProblems {
 		t.Error(m)
+	}
+	if rep.RouteForwarded == 0 {
+		t.Error(`no command went through the routes file's route: idemproxy_requests_total{outcome="forwarded",route="POST /orders"} is 0 on every replica`)
 	}
 	if p.soak && rep.Requests < p.minRequests {
 		t.Errorf("soak sent %d keyed requests, want at least %d", rep.Requests, p.minRequests)
@@ -544,6 +556,9 @@ type report struct {
 	RecordWriteFailuresOutsideStoreFaults []string `json:"record_write_failures_outside_store_faults,omitempty"`
 	LockLostLogged                        int      `json:"lock_lost_logged"`
 	LockLostMetric                        float64  `json:"lock_lost_metric"`
+	// RouteForwarded counts the commands forwarded under the routes
+	// file's POST /orders route (idemproxy_requests_total{route}).
+	RouteForwarded float64 `json:"route_forwarded"`
 
 	FaultCounts     map[string]int `json:"fault_counts"`
 	Faults          []fault        `json:"faults"`
@@ -593,3 +608,20 @@ func (r *report) summary() string {
 	}
 	return b.String()
 }
+
+// faultRoutes is the replicas' routes file: the load's POST /orders with
+// the variables' lease and upstream timeout and a command type of its
+// own, among routes the load never matches.
+var faultRoutes = fmt.Sprintf(`routes:
+  - match: "POST /orders"
+    command: CreateOrder
+    lock_timeout: %s
+    upstream_timeout: %s
+  - match: "POST /orders/{id}/cancel"
+    mode: strict
+    require_key: true
+  - match: "POST /orders/search"
+    idempotency: "off"
+  - match: "POST /webhooks/{source}"
+    key: "json:/id"
+`, lockTimeout, upstreamTimeout)

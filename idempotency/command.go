@@ -99,13 +99,11 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool) (*Attemp
 // the request (bad input).
 func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 	ri := InfoFrom(r.Context())
-	values, keyed := r.Header["Idempotency-Key"]
+	key, keyed, err := g.requestKey(r)
 	if !keyed { // checked without a key: its method must carry one
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired,
-			fmt.Sprintf("%s requests must carry an Idempotency-Key header", r.Method)))
+		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired, g.keyRequired(r)))
 		return nil
 	}
-	key, err := ParseKey(values)
 	if err != nil {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
 		return nil
@@ -122,7 +120,7 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 		return nil
 	}
 	ri.Tenant = tenant
-	body, upBody, prob := g.readBody(w, r)
+	body, upBody, prob := g.requestBody(w, r)
 	if prob != nil {
 		g.reject(w, ri, prob)
 		return nil
@@ -130,7 +128,7 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 
 	// The path is the escaped one the upstream receives: /a%2Fb is not /a/b.
 	path := r.URL.EscapedPath()
-	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), commandType(r.Method, path))
+	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, path))
 	c.body, c.bodyLen = upBody, int64(len(body))
 	return c
 }

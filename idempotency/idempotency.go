@@ -229,6 +229,8 @@ type Step struct {
 	tx      idemproxy.Transactor
 	metrics Metrics
 	log     *slog.Logger
+	// route is the policy of a step made by Derive; nil for New's.
+	route *routePolicy
 }
 
 // New validates cfg and returns the step.
@@ -279,8 +281,7 @@ func (g *Step) Checked(r *http.Request) bool {
 	if safeMethods[m] {
 		return false
 	}
-	_, keyed := r.Header["Idempotency-Key"]
-	return keyed || g.require[m]
+	return g.hasKey(r) || g.requiresKey(m)
 }
 
 func isUpper(s string) bool {

@@ -44,6 +44,10 @@ type Info struct {
 	Tenant    uuid.UUID
 	Key       string
 	CommandID string
+	// Route names the policy a mounting chose for the request (the
+	// sidecar's route policies), for its logs and metrics; the step
+	// never sets or reads it.
+	Route string
 }
 
 type infoKey struct{}

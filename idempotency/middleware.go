@@ -70,6 +70,11 @@ import (
 // is answered 409 at once.
 func (g *Step) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r, done, ok := g.Prepare(w, r)
+		if !ok {
+			return
+		}
+		defer done()
 		if !g.Checked(r) {
 			next.ServeHTTP(w, r)
 			return

@@ -149,8 +149,8 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 	if cmd.Tenant == uuid.Nil {
 		return Result{}, ErrTenantRequired
 	}
-	if err := checkKey(cmd.Key); err != nil {
-		return Result{}, err
+	if err := checkKey(cmd.Key, "the command"); err != nil {
+		return Result{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
 	// An Info of its own: ctx may carry a request's (Run called from a
 	// handler), whose outcome is the request's, not this command's.
@@ -227,22 +227,6 @@ func (g *Step) commandAnswer(ri *Info, fp idemproxy.Fingerprint, e idemproxy.Ent
 		res.Data = e.Response.Body
 	}
 	return res, nil
-}
-
-// checkKey checks a command's key as ParseKey checks a header's.
-func checkKey(key string) error {
-	switch {
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: %d bytes long, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
-	case key[0] == ' ' || key[len(key)-1] == ' ':
-		return fmt.Errorf("%w: leading or trailing space", ErrInvalidKey)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: a byte 0x%02x at position %d: only printable ASCII (0x20-0x7E) is allowed", ErrInvalidKey, c, i)
-		}
-	}
-	return nil
 }
 
 // commandFingerprint is the stored fingerprint of a command: SHA-256 over

@@ -31,8 +31,11 @@ type AdminConfig struct {
 	Gatherer prometheus.Gatherer
 	// Draining, when set to true, makes /readyz answer 503 (shutdown).
 	Draining *atomic.Bool
-	// Token protects /v1/keys; empty disables the key API.
-	Token  string
+	// Token protects /v1/keys and /v1/routes; empty disables them.
+	Token string
+	// Routes tells /v1/routes the route policies in force
+	// (Proxy.RoutesInForce); nil means no /v1/routes route.
+	Routes func() RoutesView
 	Logger *slog.Logger
 }
 
@@ -57,6 +60,11 @@ func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 		r.Get("/", a.getKeys)
 		r.Delete("/", a.deleteKey)
 	})
+	if cfg.Routes != nil {
+		r.With(a.authorize).Get("/v1/routes", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, cfg.Routes())
+		})
+	}
 	return r, nil
 }
 
@@ -105,7 +113,7 @@ func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
 func (a *admin) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.cfg.Token == "" {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemNotFound, "the key API is disabled (set IDEMPROXY_ADMIN_TOKEN)"))
+			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemNotFound, "the admin API is disabled (set IDEMPROXY_ADMIN_TOKEN)"))
 			return
 		}
 		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")

@@ -109,7 +109,7 @@ func TestBodyTimeout(t *testing.T) {
 	if n := e.entries(); n != 0 {
 		t.Fatalf("store holds %d entries, want 0", n)
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeRejected)); got != 2 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeRejected, proxy.DefaultRoute)); got != 2 {
 		t.Fatalf("rejected outcomes: got %v, want 2", got)
 	}
 }
@@ -186,7 +186,7 @@ func TestBufferedBytesBound(t *testing.T) {
 	if n := e.entries(); n != 0 {
 		t.Fatalf("store holds %d entries, want 0", n)
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeOverloaded)); got != 1 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeOverloaded, proxy.DefaultRoute)); got != 1 {
 		t.Fatalf("overloaded outcomes: got %v, want 1", got)
 	}
 

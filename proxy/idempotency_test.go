@@ -163,7 +163,7 @@ func testInFlight(t *testing.T, st option) {
 		t.Fatal("after completion the retry was not a replay")
 	}
 	e.wantCalls(1)
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeInProgress)); got != 1 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeInProgress, proxy.DefaultRoute)); got != 1 {
 		t.Fatalf("in_progress outcomes: got %v, want 1", got)
 	}
 }
@@ -212,7 +212,7 @@ func testUpstreamRefusedReleases(t *testing.T, st option) {
 		if p["detail"] == "" {
 			t.Fatal("no detail")
 		}
-		if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeUpstreamError)); got != 1 {
+		if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeUpstreamError, proxy.DefaultRoute)); got != 1 {
 			t.Fatalf("upstream_error outcomes: got %v, want 1", got)
 		}
 
@@ -521,7 +521,7 @@ func testPassThrough(t *testing.T, st option) {
 	if e.entries() != 0 {
 		t.Fatalf("store holds %d entries after pass-through traffic, want 0", e.entries())
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomePassthrough)); got != 5 {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomePassthrough, proxy.DefaultRoute)); got != 5 {
 		t.Fatalf("passthrough outcomes: got %v, want 5", got)
 	}
 }
@@ -716,7 +716,7 @@ func testBadInput(t *testing.T, st option) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeRejected)); got != float64(len(cases)) {
+	if got := testutil.ToFloat64(e.metrics.Requests.WithLabelValues(idempotency.OutcomeRejected, proxy.DefaultRoute)); got != float64(len(cases)) {
 		t.Fatalf("rejected outcomes: got %v, want %d", got, len(cases))
 	}
 }

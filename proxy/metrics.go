@@ -20,6 +20,9 @@ type Metrics struct {
 	RenewalFailures     *prometheus.CounterVec
 	RecordCacheHits     prometheus.Counter
 	BufferedBytes       prometheus.Gauge
+	// RoutesReloadFailures counts reloads of the routes file refused
+	// (the policy in force stays).
+	RoutesReloadFailures prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
@@ -28,8 +31,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
-			Help: "Requests handled by the proxy listener, by outcome.",
-		}, []string{"outcome"}),
+			Help: "Requests handled by the proxy listener, by outcome and route (the match string of the route policy, or default).",
+		}, []string{"outcome", "route"}),
 		UpstreamDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemproxy_upstream_duration_seconds",
 			Help:    "Time from forwarding a request to the upstream's response headers (or error).",
@@ -60,9 +63,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_buffered_bytes",
 			Help: "Bytes of keyed request bodies and of responses held for records buffered now, counted against IDEMPROXY_MAX_BUFFERED_BYTES.",
 		}),
+		RoutesReloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_routes_reload_failures_total",
+			Help: "Reloads of IDEMPROXY_ROUTES_FILE (SIGHUP) refused because the file could not be read or is invalid; the policy in force stays.",
+		}),
 	}
 	for _, o := range idempotency.Outcomes {
-		m.Requests.WithLabelValues(o)
+		m.Requests.WithLabelValues(o, DefaultRoute)
 	}
 	for _, op := range []string{"claim", "complete", "release", "lookup", "renew"} {
 		m.StoreDuration.WithLabelValues(op)
@@ -72,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RenewalFailures,
-			m.RecordCacheHits, m.BufferedBytes)
+			m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures)
 	}
 	return m
 }

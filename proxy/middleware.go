@@ -93,7 +93,11 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		ri := idempotency.InfoFrom(r.Context())
 		defer func() {
-			p.metrics.Requests.WithLabelValues(ri.Outcome).Inc()
+			route := ri.Route
+			if route == "" {
+				route = DefaultRoute
+			}
+			p.metrics.Requests.WithLabelValues(ri.Outcome, route).Inc()
 			if !p.log.Enabled(r.Context(), slog.LevelInfo) {
 				return
 			}
@@ -104,6 +108,9 @@ func (p *Proxy) accessLog(next http.Handler) http.Handler {
 				slog.Int("status", sw.status),
 				slog.String("outcome", ri.Outcome),
 				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+			}
+			if ri.Route != "" {
+				attrs = append(attrs, slog.String("route", ri.Route))
 			}
 			if ri.Tenant != uuid.Nil {
 				attrs = append(attrs, slog.String("tenant", ri.Tenant.String()))

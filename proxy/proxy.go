@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -37,6 +38,10 @@ type Config struct {
 	// upstream. Nil means no tracing: a client's traceparent is still
 	// forwarded unchanged.
 	TracerProvider trace.TracerProvider
+	// Routes are the route policies in force at start (LoadRoutes); nil
+	// means none: every request gets the settings above. SetRoutes
+	// replaces them.
+	Routes *Routes
 }
 
 // Validate reports every setting of c that New refuses, as
@@ -62,6 +67,8 @@ type Proxy struct {
 	// the client lists them in Connection: the key and the tenant header.
 	forwardAlways []string
 	handler       http.Handler
+	// routes are the route policies in force; nil for none.
+	routes atomic.Pointer[routeTable]
 }
 
 // New validates cfg and returns the proxy handler: the chain of
@@ -90,10 +97,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	cfg.Config = idem.Config()
 	if cfg.Transport == nil {
-		cfg.Transport = NewTransport(cfg.UpstreamTimeout)
+		// A route may wait longer for its upstream than the default.
+		cfg.Transport = NewTransport(max(cfg.UpstreamTimeout, cfg.Routes.MaxUpstreamTimeout()))
 	}
 	p := &Proxy{cfg: cfg, idem: idem, log: cfg.Logger, metrics: metrics,
 		forwardAlways: []string{"Idempotency-Key", cfg.Tenancy.Header()},
+	}
+	if err := p.SetRoutes(cfg.Routes); err != nil {
+		return nil, err
 	}
 	// The chain is chi middleware, outermost first. It is composed with
 	// chi.Chain rather than mounted on a chi router: the sidecar forwards
@@ -101,8 +112,8 @@ func New(cfg Config) (*Proxy, error) {
 	// route, and a router's per-request route context and path values
 	// (six allocations a request, measured) would buy nothing.
 	var h http.Handler = chi.Chain(
-		p.requestID, p.accessLog, p.recover,
-		cfg.Tenancy.Middleware(tenancy.MiddlewareOptions{Applies: idem.Checked, ErrorHandler: p.tenancyRefused}),
+		p.requestID, p.accessLog, p.recover, p.route,
+		cfg.Tenancy.Middleware(tenancy.MiddlewareOptions{Applies: p.checked, ErrorHandler: p.tenancyRefused}),
 		p.forward,
 	).Handler(p.reverseProxy())
 	if cfg.TracerProvider != nil {

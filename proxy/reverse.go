@@ -22,12 +22,13 @@ import (
 // modifyResponse, errorHandler). Every other request passes untouched.
 func (p *Proxy) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !p.idem.Checked(r) {
+		step := p.step(r)
+		if step == nil || !step.Checked(r) {
 			idempotency.InfoFrom(r.Context()).Outcome = idempotency.OutcomePassthrough
 			next.ServeHTTP(w, r)
 			return
 		}
-		cmd, out := p.idem.Begin(w, r)
+		cmd, out := step.Begin(w, r)
 		if cmd == nil {
 			return
 		}

@@ -52,3 +52,25 @@ func TestTraceparentPassesThroughWithoutTracing(t *testing.T) {
 		t.Fatalf("upstream traceparent: got %q, want %q", got, parent)
 	}
 }
+
+// A request that matches a route policy names the route in its server
+// span: http.route (the pattern) and idemproxy.command_type.
+func TestTracingNamesTheRoute(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { tp.Shutdown(t.Context()) })
+	e := newEnv(t, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.TracerProvider = tp },
+		withRoutes("routes:\n  - match: POST /v1/accounts/{id}/charge\n    command: Charge\n"))
+	wantStatus(t, e.do(req{path: "/v1/accounts/7/charge", key: "traced-route"}), http.StatusCreated)
+	attrs := map[string]string{}
+	for _, s := range spans.GetSpans() {
+		if s.SpanKind == trace.SpanKindServer {
+			for _, a := range s.Attributes {
+				attrs[string(a.Key)] = a.Value.Emit()
+			}
+		}
+	}
+	if attrs["http.route"] != "/v1/accounts/{id}/charge" || attrs["idemproxy.command_type"] != "Charge" {
+		t.Fatalf("server span attributes %v", attrs)
+	}
+}

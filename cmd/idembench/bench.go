@@ -38,6 +38,11 @@ const (
 	// targetPostgresUnbatched is idemproxy-postgres with group commit
 	// off (IDEMPROXY_DB_BATCH=false), on the same schema.
 	targetPostgresUnbatched = "idemproxy-postgres-unbatched"
+	// targetMemoryRoutes is idemproxy-memory with a routes file of 50
+	// routes, none of which matches the requests: what route matching
+	// costs a request that keeps the default policy. Not in the default
+	// -targets.
+	targetMemoryRoutes = "idemproxy-memory-routes50"
 	// targetStorePostgres is the Postgres store called directly, without
 	// HTTP, next to pgbench; it is not one of the -targets.
 	targetStorePostgres = "store-postgres"
@@ -52,8 +57,9 @@ const (
 )
 
 var (
-	allTargets   = []string{targetDirect, targetBare, targetMemory, targetPostgres, targetPostgresUnbatched, targetRedis, targetRedisNoCache}
-	allScenarios = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
+	allTargets     = []string{targetDirect, targetBare, targetMemory, targetMemoryRoutes, targetPostgres, targetPostgresUnbatched, targetRedis, targetRedisNoCache}
+	defaultTargets = without(allTargets, targetMemoryRoutes)
+	allScenarios   = []string{scenarioUnkeyed, scenarioKeyed, scenarioReplay, scenarioRacing}
 )
 
 // Every request is a POST of this body to this path.

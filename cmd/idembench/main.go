@@ -143,7 +143,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.StringVar(&sweep, "sweep-clients", "", "sweep: keyed unique keys on every target but direct, and pgbench, at each of these client counts each round (e.g. 1,8,32,128)")
 	fs.BoolVar(&o.Breakdown, "breakdown", false, "each round, also profile a keyed-unique run of every target but direct and split its CPU per request: load generator, upstream, proxy, store client, runtime, and the store's server")
 	fs.StringVar(&logLevel, "log-level", "info", "idemproxy access log level (JSON to io.Discard: formatting cost, no I/O): debug, info, warn, error or off")
-	fs.StringVar(&targets, "targets", strings.Join(allTargets, ","), "targets to measure, comma-separated")
+	fs.StringVar(&targets, "targets", strings.Join(defaultTargets, ","), "targets to measure, comma-separated (also: "+targetMemoryRoutes+")")
 	fs.StringVar(&scenes, "scenarios", strings.Join(allScenarios, ","), "scenarios to measure, comma-separated (empty: only -sweep-clients or -breakdown)")
 	fs.IntVar(&o.MemoryRecords, "memory-records", 200_000, "records inserted to measure bytes per memory-store record (0 skips)")
 	fs.IntVar(&o.FloodMaxEntries, "flood-max-entries", 100_000, "memory store bound for the unique-key flood check (0 skips); 4× as many keys are sent")

@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // tinyOptions is a run short enough for a unit test: its figures mean
@@ -399,6 +401,23 @@ func TestFlags(t *testing.T) {
 		_, _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard)
 		if (err == nil) != tc.ok {
 			t.Errorf("parseFlags(%q): error %v, want ok %v", tc.args, err, tc.ok)
+		}
+	}
+}
+
+// TestRoutes50: the routes file of idemproxy-memory-routes50 is valid,
+// has 50 routes, and none matches the benchmark's requests.
+func TestRoutes50(t *testing.T) {
+	rs, err := proxy.ParseRoutes("routes50.yaml", []byte(routes50()), idempotency.Config{UpstreamTimeout: upstreamTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Routes) != 50 {
+		t.Fatalf("%d routes, want 50", len(rs.Routes))
+	}
+	for _, r := range rs.Routes {
+		if r.Pattern == requestPath {
+			t.Fatalf("route %s matches the benchmark's requests", r.Match)
 		}
 	}
 }

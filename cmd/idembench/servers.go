@@ -209,10 +209,16 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			e.closes = append(e.closes, s.close, rp.Transport.(*http.Transport).CloseIdleConnections)
 			add(name, s.url)
-		case targetMemory:
+		case targetMemory, targetMemoryRoutes:
 			mem := memory.New(memory.Options{MaxEntries: opts.MemoryMaxEntries})
 			e.closes = append(e.closes, func() { _ = mem.Close() })
-			s, err := serveIdemproxy(name, upURL, mem, resolver, logger)
+			var routes *proxy.Routes
+			if name == targetMemoryRoutes {
+				if routes, err = proxy.ParseRoutes("routes50.yaml", []byte(routes50()), idempotency.Config{UpstreamTimeout: upstreamTimeout}); err != nil {
+					return nil, err
+				}
+			}
+			s, err := serveIdemproxy(name, upURL, mem, resolver, logger, routes)
 			if err != nil {
 				return nil, err
 			}
@@ -242,7 +248,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			// As cmd/idemproxy runs it: replays answered from the
 			// per-replica record cache (IDEMPROXY_RECORD_CACHE_* defaults).
 			cachedPG := idempotency.CacheRecords(pg, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
-			s, err := serveIdemproxy(name, upURL, cachedPG, resolver, logger)
+			s, err := serveIdemproxy(name, upURL, cachedPG, resolver, logger, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -262,7 +268,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			if name == targetRedis {
 				st = idempotency.CacheRecords(rd, idempotency.RecordCacheOptions{MaxEntries: 10000, MaxAge: time.Minute})
 			}
-			s, err := serveIdemproxy(name, upURL, st, resolver, logger)
+			s, err := serveIdemproxy(name, upURL, st, resolver, logger, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -279,10 +285,11 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 // serveIdemproxy builds idemproxy as cmd/idemproxy does, with the default
 // configuration (mode noop, header tenancy, registered metrics), and
 // serves it.
-func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resolver *tenancy.Resolver, logger *slog.Logger) (*server, error) {
+func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resolver *tenancy.Resolver, logger *slog.Logger, routes *proxy.Routes) (*server, error) {
 	p, err := proxy.New(proxy.Config{
 		Upstream: upstreamURL,
 		Tenancy:  resolver,
+		Routes:   routes,
 		Config: idempotency.Config{
 			Store:           st,
 			UpstreamTimeout: upstreamTimeout,
@@ -299,6 +306,22 @@ func serveIdemproxy(name string, upstreamURL *url.URL, st idemproxy.Store, resol
 	}
 	s.after = p.Close
 	return s, nil
+}
+
+// routes50 is a routes file of 50 routes over ten resources, with static,
+// {param} and /* patterns and every kind of key, none of which matches
+// the benchmark's POST /orders.
+func routes50() string {
+	var b strings.Builder
+	b.WriteString("routes:\n")
+	for i := range 10 {
+		fmt.Fprintf(&b, "  - match: \"POST /v1/r%d\"\n    mode: strict\n    require_key: true\n", i)
+		fmt.Fprintf(&b, "  - match: \"PUT /v1/r%d/{id}\"\n    command: Put%d\n    key_ttl: 72h\n", i, i)
+		fmt.Fprintf(&b, "  - match: \"POST /v1/r%d/{id}/actions/{action}\"\n    key: \"json:/request_id\"\n", i)
+		fmt.Fprintf(&b, "  - match: \"DELETE /v1/r%d/{id}\"\n    key: \"query:ref\"\n    mode: replay\n", i)
+		fmt.Fprintf(&b, "  - match: \"POST /v1/r%d/search/*\"\n    idempotency: \"off\"\n", i)
+	}
+	return b.String()
 }
 
 // accessLogger is idemproxy's JSON logger writing to io.Discard: the

@@ -82,6 +82,7 @@ type Config struct {
 	BodyTimeout     time.Duration `env:"IDEMPROXY_BODY_TIMEOUT" envDefault:"30s" desc:"time a keyed request body has to arrive whole (408 past it); unkeyed bodies stream and are not bound by it"`
 	MaxBuffered     int64         `env:"IDEMPROXY_MAX_BUFFERED_BYTES" envDefault:"268435456" desc:"bytes of keyed request bodies and of responses kept for mode replay buffered at once over all requests (a body past it: 503; a response: streamed, not kept); at least IDEMPROXY_MAX_BODY_BYTES"`
 	ReplayMaxBytes  int64         `env:"IDEMPROXY_REPLAY_MAX_BYTES" envDefault:"1048576" desc:"largest response body kept for mode replay"`
+	RoutesFile      string        `env:"IDEMPROXY_ROUTES_FILE" desc:"YAML file of per-route policies (docs/routes.md): mode, timeouts, command names and key sources by method and path; SIGHUP reloads it. Requests that match no route use the variables here"`
 	MemoryMaxKeys   int           `env:"IDEMPROXY_MEMORY_MAX_ENTRIES" envDefault:"1000000" desc:"bound on locks plus records in the memory store"`
 	MemoryMaxBytes  int64         `env:"IDEMPROXY_MEMORY_MAX_BYTES" envDefault:"268435456" desc:"bound on the bytes the memory store holds: keys, command types and stored responses"`
 	MemoryTenantMax int           `env:"IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES" envDefault:"100000" desc:"bound on one tenant's locks plus records in the memory store, so one tenant cannot lock out the others"`
@@ -271,6 +272,11 @@ func (c Config) check() []error {
 
 	pc, err := c.proxyConfig(nil, nil, nil)
 	errs = append(errs, err, pc.Validate())
+	if c.RoutesFile != "" && err == nil && pc.Config.Validate() == nil {
+		if _, rerr := proxy.LoadRoutes(c.RoutesFile, pc.Config); rerr != nil {
+			errs = append(errs, routesError(rerr))
+		}
+	}
 	tc, err := c.tenancyConfig(nil)
 	errs = append(errs, err, tc.Validate())
 	switch c.Store {
@@ -540,6 +546,12 @@ func editDistance(a, b string) int {
 // (terminationGracePeriodSeconds) must cover it.
 func (c Config) drainBudget() time.Duration {
 	pc, _ := c.proxyConfig(nil, nil, nil)
+	// A route may wait longer for its upstream than the default.
+	if c.RoutesFile != "" {
+		if rs, err := proxy.LoadRoutes(c.RoutesFile, pc.Config); err == nil {
+			pc.UpstreamTimeout = max(pc.UpstreamTimeout, rs.MaxUpstreamTimeout())
+		}
+	}
 	return c.ShutdownDelay + pc.DrainBudget() + 5*time.Second
 }
 

@@ -72,3 +72,25 @@ func TestDemoListenAddr(t *testing.T) {
 		t.Errorf("orders created, asked on DEMO_LISTEN_ADDR: %d, want 1", got)
 	}
 }
+
+// TestDemoRoutes: `demo -routes FILE` runs the demo under the example
+// route policies: a webhook keyed by its body, search never gated,
+// payments requiring a key.
+func TestDemoRoutes(t *testing.T) {
+	s := startRun(t, []string{"idemproxy", "demo", "-routes", "../../deploy/routes.example.yaml"}, map[string]string{})
+	tenant := uuid.NewString()
+	for range 2 {
+		if resp := post(t, s.proxy+"/webhooks/acme", "", tenant, `{"id":"evt-1"}`); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("webhook: %d", resp.StatusCode)
+		}
+	}
+	for range 2 {
+		post(t, s.proxy+"/v1/search", "q", tenant, `{"q":"book"}`)
+	}
+	if resp := post(t, s.proxy+"/v1/payments", "", tenant, `{}`); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("keyless payment: %d, want 400", resp.StatusCode)
+	}
+	if got := demoStats(t, s.proxy); got != 3 {
+		t.Fatalf("orders created: %d, want 3 (one webhook, two searches)", got)
+	}
+}

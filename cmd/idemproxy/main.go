@@ -70,6 +70,11 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "config":
 		return runConfig(environ, stdout, stderr)
 	case "demo":
+		if len(args) == 4 && args[2] == "-routes" {
+			environ = append(slices.Clip(environ), "IDEMPROXY_ROUTES_FILE="+args[3])
+		} else if len(args) > 2 {
+			return errors.New("usage: idemproxy demo [-routes FILE]")
+		}
 		return runDemo(ctx, environ, stdout)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, getenv, stdout)
@@ -77,6 +82,8 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		return runMigrate(ctx, args[2:], getenv, stdout)
 	case "keys":
 		return runKeys(ctx, args[2:], getenv, stdout, stderr)
+	case "routes":
+		return runRoutes(args[2:], environ, stdout, stderr)
 	case "healthcheck":
 		return healthcheck(ctx, getenv)
 	case "version":
@@ -100,7 +107,8 @@ Usage:
   idemproxy                    run the proxy (configured by the environment)
   idemproxy config             check the configuration in the environment and print the settings in force
                                and the drain budget (secrets hidden)
-  idemproxy demo               run the proxy in front of a bundled demo "orders" service
+  idemproxy demo [-routes FILE]
+                               run the proxy in front of a bundled demo "orders" service, with route policies
                                (DEMO_LISTEN_ADDR, default a free loopback port; admin on 127.0.0.1:9090)
   idemproxy demo-upstream      run only the demo "orders" service (DEMO_LISTEN_ADDR, default :8081)
   idemproxy migrate up|down|status
@@ -109,6 +117,8 @@ Usage:
                                look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
   idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
                                list a tenant's live keys, newest first (keys -h for more)
+  idemproxy routes check FILE  validate a routes file (IDEMPROXY_ROUTES_FILE) against the environment's settings
+                               and print the effective policy of each route
   idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
   idemproxy version            print the version
   idemproxy --help             this text
@@ -210,6 +220,11 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 	pc, _ := cfg.proxyConfig(st, resolver, log) // its conversions were checked by loadConfig
 	pc.Metrics, pc.TracerProvider = metrics, tp
+	if cfg.RoutesFile != "" {
+		if pc.Routes, err = proxy.LoadRoutes(cfg.RoutesFile, pc.Config); err != nil {
+			return fmt.Errorf("configuration: %w", routesError(err))
+		}
+	}
 	p, err := proxy.New(pc)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", explain(err))
@@ -217,7 +232,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	defer p.Close()
 	var draining atomic.Bool
 	admin, err := proxy.NewAdmin(proxy.AdminConfig{
-		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log,
+		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log, Routes: p.RoutesInForce,
 	})
 	if err != nil {
 		return err
@@ -232,6 +247,11 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		proxyLn.Close()
 		return fmt.Errorf("IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
+	if cfg.RoutesFile != "" {
+		hup, stopHangup := notifyHangup()
+		defer stopHangup()
+		go reloadRoutes(ctx, hup, cfg, p, metrics, log)
+	}
 	proxySrv, adminSrv := cfg.server(p, log), cfg.server(admin, log)
 	proxySrv.IdleTimeout = 120 * time.Second
 	errc := make(chan error, 2)
@@ -239,7 +259,8 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"upstream", pc.Upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "version", versionString())
+		"upstream", pc.Upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "routes", len(p.RoutesInForce().Routes),
+		"version", versionString())
 
 	select {
 	case <-ctx.Done():

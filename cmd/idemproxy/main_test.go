@@ -194,8 +194,8 @@ func TestRunEndToEnd(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{
-		`idemproxy_requests_total{outcome="replayed"} 1`,
-		`idemproxy_requests_total{outcome="forwarded"} 1`,
+		`idemproxy_requests_total{outcome="replayed",route="default"} 1`,
+		`idemproxy_requests_total{outcome="forwarded",route="default"} 1`,
 		`idemproxy_upstream_duration_seconds_count 1`,
 		`idemproxy_store_duration_seconds_count{op="claim"} 2`,
 		`idemproxy_record_write_failures_total 0`,

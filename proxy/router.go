@@ -1,0 +1,266 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemproxy/idemproxy/idempotency"
+)
+
+// DefaultRoute is the route label of requests that match no route policy.
+const DefaultRoute = "default"
+
+// routeTable is the route policies in force: chi's router finds the
+// pattern a request matches, entries its policy.
+type routeTable struct {
+	routes   *Routes
+	mux      *chi.Mux
+	entries  map[methodPattern]*routeEntry
+	loadedAt time.Time
+}
+
+// routeEntry is one route's policy as the chain applies it.
+type routeEntry struct {
+	route *Route
+	// step is the route's idempotency step; nil for idempotency: off.
+	step *idempotency.Step
+}
+
+type routeKey struct{}
+
+// methodPattern names a route in routeTable.entries.
+type methodPattern struct{ method, pattern string }
+
+// routeContexts are the chi route contexts matching reuses.
+var routeContexts = sync.Pool{New: func() any { return chi.NewRouteContext() }}
+
+// match returns the entry of the route r matches, or nil.
+func (t *routeTable) match(r *http.Request) *routeEntry {
+	method := r.Method
+	if !isUpperASCII(method) {
+		method = strings.ToUpper(method)
+	}
+	rctx := routeContexts.Get().(*chi.Context)
+	rctx.Reset()
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	pattern := t.mux.Find(rctx, method, path)
+	routeContexts.Put(rctx)
+	if pattern == "" {
+		return nil
+	}
+	return t.entries[methodPattern{method, pattern}]
+}
+
+func isUpperASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// SetRoutes puts rs in force for the requests that arrive from now on;
+// requests in flight keep the policy they started with. Nil removes every
+// route policy. The routes' settings apply on top of the proxy's, and are
+// validated as ParseRoutes does.
+func (p *Proxy) SetRoutes(rs *Routes) error {
+	if rs == nil {
+		p.routes.Store(nil)
+		return nil
+	}
+	t := &routeTable{routes: rs, mux: chi.NewMux(), entries: map[methodPattern]*routeEntry{}, loadedAt: time.Now()}
+	for i := range rs.Routes {
+		r := &rs.Routes[i]
+		e := &routeEntry{route: r}
+		if !r.Off {
+			step, err := p.idem.Derive(r.Overrides)
+			if err != nil {
+				return &RoutesError{File: rs.File, Line: r.Line, Field: "route " + r.Match, Reason: err.Error()}
+			}
+			e.step = step
+		}
+		if err := addRoute(t.mux, r.Method, r.Pattern, nil); err != nil {
+			return &RoutesError{File: rs.File, Line: r.Line, Field: "route " + r.Match, Reason: err.Error()}
+		}
+		t.entries[methodPattern{r.Method, r.Pattern}] = e
+	}
+	p.routes.Store(t)
+	return nil
+}
+
+// ReloadRoutes reads the routes file at path and puts it in force
+// (SetRoutes); when it cannot be read or is invalid, the routes in force
+// stay and the error says why, naming the file, line and field.
+func (p *Proxy) ReloadRoutes(path string) error {
+	rs, err := LoadRoutes(path, p.idem.Config())
+	if err != nil {
+		return err
+	}
+	return p.SetRoutes(rs)
+}
+
+// route finds the policy of the request: a matched route's entry goes
+// into the request's context for the steps after it, and its match string
+// into the request's Info for the access log and metrics. A route that
+// reads its key from the body reads the body here, before the tenancy
+// step needs to know whether the request is checked.
+func (p *Proxy) route(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t := p.routes.Load()
+		if t == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		e := t.match(r)
+		if e == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		idempotency.InfoFrom(r.Context()).Route = e.route.Match
+		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+			span.SetAttributes(attribute.String("http.route", e.route.Pattern),
+				attribute.String("idemproxy.command_type", e.route.Overrides.CommandType))
+		}
+		r = r.WithContext(context.WithValue(r.Context(), routeKey{}, e))
+		if e.step == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		r, done, ok := e.step.Prepare(w, r)
+		if !ok {
+			return
+		}
+		defer done()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// step is the idempotency step of r: its route's, nil for a route with
+// idempotency off, or the proxy's own.
+func (p *Proxy) step(r *http.Request) *idempotency.Step {
+	if e, ok := r.Context().Value(routeKey{}).(*routeEntry); ok {
+		return e.step
+	}
+	return p.idem
+}
+
+// checked reports whether r is subject to tenancy and idempotency under
+// its policy.
+func (p *Proxy) checked(r *http.Request) bool {
+	s := p.step(r)
+	return s != nil && s.Checked(r)
+}
+
+// PolicyView is the JSON view of one route's effective policy: every
+// setting in force, the route's own or the default.
+type PolicyView struct {
+	Match           string `json:"match"`
+	Line            int    `json:"line,omitempty"`
+	Command         string `json:"command,omitempty"`
+	Idempotency     string `json:"idempotency"`
+	Mode            string `json:"mode,omitempty"`
+	RequireKey      string `json:"require_key,omitempty"`
+	Key             string `json:"key,omitempty"`
+	KeyTTL          string `json:"key_ttl,omitempty"`
+	LockTimeout     string `json:"lock_timeout,omitempty"`
+	UpstreamTimeout string `json:"upstream_timeout,omitempty"`
+	SuccessStatus   string `json:"success_status,omitempty"`
+	ReplayMaxBytes  int64  `json:"replay_max_bytes,omitempty"`
+	MaxBodyBytes    int64  `json:"max_body_bytes,omitempty"`
+}
+
+// RoutesView is the JSON view of the route policies in force (/v1/routes).
+type RoutesView struct {
+	// File is the routes file; empty when none is in use.
+	File     string       `json:"file"`
+	LoadedAt *time.Time   `json:"loaded_at,omitempty"`
+	Routes   []PolicyView `json:"routes"`
+	// Default is the policy of requests that match no route.
+	Default PolicyView `json:"default"`
+}
+
+// Policies returns the effective policy of each route of rs over base (the
+// settings of unmatched requests), and the default policy.
+func (rs *Routes) Policies(base idempotency.Config) (routes []PolicyView, def PolicyView) {
+	def = policyView(DefaultRoute, base, "", base.RequireKey, idempotency.KeySource{})
+	def.Command = "METHOD /path"
+	routes = []PolicyView{}
+	if rs == nil {
+		return routes, def
+	}
+	for _, r := range rs.Routes {
+		if r.Off {
+			routes = append(routes, PolicyView{Match: r.Match, Line: r.Line, Command: r.Overrides.CommandType, Idempotency: "off"})
+			continue
+		}
+		req := base.RequireKey
+		if r.Overrides.RequireKey {
+			req = []string{"true"}
+		}
+		v := policyView(r.Match, base.Apply(r.Overrides), r.Overrides.CommandType, req, r.Overrides.Key)
+		v.Line = r.Line
+		routes = append(routes, v)
+	}
+	return routes, def
+}
+
+func policyView(match string, c idempotency.Config, command string, requireKey []string, key idempotency.KeySource) PolicyView {
+	req := "false"
+	switch {
+	case len(requireKey) == 1 && requireKey[0] == "true":
+		req = "true"
+	case len(requireKey) > 0:
+		req = strings.Join(requireKey, ",")
+	}
+	status := c.SuccessStatus.String()
+	if status == "" {
+		status = "2xx"
+	}
+	mode := string(c.Mode)
+	if mode == "" {
+		mode = string(idempotency.ModeNoop)
+	}
+	return PolicyView{
+		Match: match, Command: command, Idempotency: "on", Mode: mode, RequireKey: req, Key: key.String(),
+		KeyTTL: c.KeyTTL.String(), LockTimeout: c.LockTimeout.String(), UpstreamTimeout: c.UpstreamTimeout.String(),
+		SuccessStatus: status, ReplayMaxBytes: c.ReplayMaxBytes, MaxBodyBytes: c.MaxBodyBytes,
+	}
+}
+
+// RoutesInForce is the view of the route policies in force.
+func (p *Proxy) RoutesInForce() RoutesView {
+	t := p.routes.Load()
+	var v RoutesView
+	var rs *Routes
+	if t != nil {
+		rs = t.routes
+		v.File = rs.File
+		at := t.loadedAt.UTC()
+		v.LoadedAt = &at
+	}
+	v.Routes, v.Default = rs.Policies(p.idem.Config())
+	return v
+}
+
+// MaxUpstreamTimeout is the longest upstream timeout of rs's routes, or
+// zero.
+func (rs *Routes) MaxUpstreamTimeout() time.Duration {
+	var d time.Duration
+	if rs != nil {
+		for _, r := range rs.Routes {
+			d = max(d, r.Overrides.UpstreamTimeout)
+		}
+	}
+	return d
+}
