@@ -53,6 +53,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/idempotency"
@@ -168,7 +169,7 @@ func openDatabase(ctx context.Context, databaseURL string, log *slog.Logger) (*p
 	if err != nil {
 		return nil, fmt.Errorf("ledger database: %w", err)
 	}
-	if _, err := pool.Exec(ctx, schemaSQL); err != nil {
+	if err := createTables(ctx, pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("ledger tables: %w", err)
 	}
@@ -191,5 +192,17 @@ func newStep(pool *pgxpool.Pool, cfg config, log *slog.Logger) (*idempotency.Ste
 		LockTimeout:   cfg.lockTimeout,
 		StoreTimeout:  statementTimeout * 3 / 2,
 		Logger:        log,
+	})
+}
+
+// createTables runs schemaSQL under a transaction-level advisory lock, so
+// that processes starting together do not race to create the same tables.
+func createTables(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idemproxy example ledger schema'))`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, schemaSQL)
+		return err
 	})
 }
