@@ -136,6 +136,11 @@ var suite = []struct {
 	{"list orders keys created together by key, across pages", testListTies},
 	{"list shows no entry twice while entries change", testListChanging},
 	{"list limits", testListLimits},
+	{"commands: without a key, without a tenant", testCommandUnkeyedAndTenant},
+	{"commands: a recorded key in every mode, a reused key", testCommandModes},
+	{"commands: a failure or panic frees the key", testCommandFailureFreesKey},
+	{"commands: a duplicate in flight gets ErrInProgress at once, past a lease", testCommandInProgress},
+	{"commands: racing duplicates run once", testCommandRace},
 	{"capabilities", testCapabilities},
 	{"ping", testPing},
 }
