@@ -114,7 +114,7 @@ func storm(t *testing.T, bin string, transactional bool, kills, clients int) sto
 	began := time.Now()
 	for c := range clients {
 		wg.Go(func() {
-			cl := &stormClient{url: "http://" + svc.addr, tenant: tenant, attempts: &attempts, answers: &answers}
+			cl := &stormClient{url: "http://" + svc.addr, tenant: tenant, attempts: &attempts, answers: &answers, http: http.Client{Timeout: 15 * time.Second}}
 			for i := 0; !stop.Load(); i++ {
 				tr := randomTransfer(fmt.Sprintf("c%d-%d", c, i))
 				if err := cl.apply(tr); err != nil {
@@ -207,7 +207,6 @@ func (c *stormClient) apply(tr stormTransfer) error {
 	if tr.delay != "" {
 		query = "?delay=" + tr.delay
 	}
-	c.http.Timeout = 15 * time.Second
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		c.attempts.Add(1)
