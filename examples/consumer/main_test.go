@@ -103,6 +103,7 @@ func TestKilledConsumers(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+	t.Cleanup(producer.Wait) // before the Redis client closes, if the test stops early
 
 	// The kills: a random consumer every 150–450ms once it consumes, replaced at once by
 	// one of a new name (the dead one's pending messages stay with it

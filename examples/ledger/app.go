@@ -34,12 +34,12 @@ type app struct {
 
 // newApp mounts the tenancy and idempotency middleware in front of the
 // ledger's routes.
-func newApp(pool *pgxpool.Pool, cfg config, log *slog.Logger) (*app, error) {
+func newApp(ctx context.Context, pool *pgxpool.Pool, cfg config, log *slog.Logger) (*app, error) {
 	idem, err := newStep(pool, cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	resolver, err := tenancy.New(context.Background(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}, Logger: log})
+	resolver, err := tenancy.New(ctx, tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +192,6 @@ func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := json.Marshal(out)
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Location", fmt.Sprintf("/transfers/%d", out.ID))
 	w.WriteHeader(http.StatusCreated)
 	_, _ = w.Write(body)
 }

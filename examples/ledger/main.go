@@ -118,7 +118,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer pool.Close()
-	handler, err := newApp(pool, cfg, log)
+	handler, err := newApp(ctx, pool, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func startLedger(t *testing.T, transactional bool) *ledger {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	a, err := newApp(pool, config{transactional: transactional, lockTimeout: 60 * time.Second}, log)
+	a, err := newApp(t.Context(), pool, config{transactional: transactional, lockTimeout: 60 * time.Second}, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -111,13 +112,19 @@ func storm(t *testing.T, bin string, transactional bool, kills, clients int) sto
 		balances = map[string]int64{}
 		wg       sync.WaitGroup
 	)
+	// When the test stops early (a failed start), the clients give up.
+	abort := make(chan struct{})
+	t.Cleanup(func() { close(abort); wg.Wait() })
 	began := time.Now()
 	for c := range clients {
 		wg.Go(func() {
-			cl := &stormClient{url: "http://" + svc.addr, tenant: tenant, attempts: &attempts, answers: &answers, http: http.Client{Timeout: 15 * time.Second}}
+			cl := &stormClient{url: "http://" + svc.addr, tenant: tenant, attempts: &attempts, answers: &answers,
+				http: http.Client{Timeout: 15 * time.Second}, abort: abort}
 			for i := 0; !stop.Load(); i++ {
 				tr := randomTransfer(fmt.Sprintf("c%d-%d", c, i))
-				if err := cl.apply(tr); err != nil {
+				if err := cl.apply(tr); err == errAborted {
+					return
+				} else if err != nil {
 					t.Error(err)
 					return
 				}
@@ -196,7 +203,11 @@ type stormClient struct {
 	attempts *atomic.Int64
 	answers  *sync.Map // "status" or "error" → *atomic.Int64
 	http     http.Client
+	abort    <-chan struct{}
 }
+
+// errAborted is apply's error when the test stopped early.
+var errAborted = errors.New("the storm was aborted")
 
 // apply sends tr with its memo as its key until it gets a 201: it retries
 // connection errors (the service was killed), 5xx and 409 (a lock left
@@ -209,6 +220,11 @@ func (c *stormClient) apply(tr stormTransfer) error {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
+		select {
+		case <-c.abort:
+			return errAborted
+		default:
+		}
 		c.attempts.Add(1)
 		req, _ := http.NewRequest(http.MethodPost, c.url+"/transfers"+query, bytes.NewReader(body))
 		req.Header.Set("Idempotency-Key", tr.Memo)
