@@ -210,7 +210,9 @@ func (c *Attempt) claimKey(ctx context.Context) (*idemproxy.Entry, error) {
 // answerExisting answers a request whose key is already locked or
 // recorded: the first table's rows after "nothing".
 func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fingerprint, e idemproxy.Entry) {
-	ri.CommandID = e.CommandID.String()
+	if e.CommandID != uuid.Nil { // nil: a lock in a transaction not committed yet
+		ri.CommandID = e.CommandID.String()
+	}
 	if e.Fingerprint != fp {
 		ri.Outcome = OutcomeFingerprintMismatch
 		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,

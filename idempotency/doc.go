@@ -18,6 +18,13 @@
 //	r.Use(resolver.Middleware(tenancy.MiddlewareOptions{Applies: step.Checked}), step.Middleware)
 //	r.Post("/orders", createOrder)
 //
+// Step.Run is the same lifecycle without HTTP: it runs a function as a
+// command with a tenant, a key, a type and an optional fingerprint, on
+// any store. With the Postgres store and Config.Transactional (or a
+// caller's transaction, postgres.WithTx), Run and Middleware write the
+// record in the command's own transaction, so that the command's writes
+// to that database and its record commit together (docs/exactly-once.md).
+//
 // The sidecar (package proxy) mounts the same step in front of a reverse
 // proxy with Begin and the Attempt it returns.
 //

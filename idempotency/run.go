@@ -152,8 +152,9 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 	if err := checkKey(cmd.Key); err != nil {
 		return Result{}, err
 	}
-	ri := InfoFrom(ctx)
-	ri.Tenant, ri.Key = cmd.Tenant, cmd.Key
+	// An Info of its own: ctx may carry a request's (Run called from a
+	// handler), whose outcome is the request's, not this command's.
+	ri := &Info{RequestID: InfoFrom(ctx).RequestID, Tenant: cmd.Tenant, Key: cmd.Key}
 	c := g.newAttempt(ri, cmd.Tenant, cmd.Key, commandFingerprint(cmd), commandTypeOf(cmd.Type))
 	if g.tx != nil && (g.cfg.Transactional || g.tx.InTx(ctx)) {
 		var err error
@@ -169,7 +170,6 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 		return Result{}, err
 	}
 	if existing != nil {
-		ri.CommandID = existing.CommandID.String()
 		return g.commandAnswer(ri, c.claim.Fingerprint, *existing)
 	}
 	ri.CommandID = c.claim.CommandID.String()

@@ -180,6 +180,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 
 // Close closes every connection of the pool, waiting for operations in
 // progress to return their connection. The store is unusable afterwards.
+// A store from NewFromPool leaves the application's pool open.
 func (p *Store) Close() {
 	if p.borrowPool {
 		return

@@ -588,3 +588,62 @@ func TestTxMiddleware(t *testing.T) {
 	}
 	e.wantEffects(t, tenant, "slow", 1)
 }
+
+// TestTxCommitFails: when the commit of a command that succeeded fails (a
+// deferred constraint of the application's, checked at the commit), Run
+// returns the error, and Middleware answers an error instead of the
+// handler's success: nothing is applied and the key is free.
+func TestTxCommitFails(t *testing.T) {
+	e := newTxEnv(t, pgtest.Partitions(t), idempotency.ModeNoop)
+	pgtest.Exec(t, e.url, `CREATE TABLE tx_unique (memo text, CONSTRAINT tx_unique_memo UNIQUE (memo) DEFERRABLE INITIALLY DEFERRED)`)
+	twice := func(ctx context.Context, tenant uuid.UUID, memo string) error {
+		tx, _ := TxFrom(ctx)
+		if err := effect(ctx, tenant, memo); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO tx_unique (memo) VALUES ($1), ($1)`, memo) // fails at the commit
+		return err
+	}
+	tenant := uuid.New()
+	cmd := idempotency.Command{Tenant: tenant, Key: "run", Type: "t"}
+	if _, err := e.step.Run(t.Context(), cmd, func(ctx context.Context) ([]byte, error) {
+		return nil, twice(ctx, tenant, "run")
+	}); err == nil {
+		t.Fatal("Run succeeded although its commit failed")
+	}
+	e.wantEffects(t, tenant, "run", 0)
+	if _, err := e.store.Lookup(t.Context(), tenant, cmd.Key); !errors.Is(err, idemproxy.ErrNotFound) {
+		t.Fatalf("after a failed commit: %v, want the key free", err)
+	}
+
+	resolver, err := tenancy.New(t.Context(), tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := twice(r.Context(), tenant, "http"); err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created")
+	})
+	srv := httptest.NewServer(resolver.Middleware(tenancy.MiddlewareOptions{Applies: e.step.Checked})(e.step.Middleware(h)))
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/x", strings.NewReader(`{}`))
+	req.Header.Set("X-Tenant-ID", tenant.String())
+	req.Header.Set("Idempotency-Key", "http")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode < 500 || string(body) == "created" || resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("a success whose commit failed: %d %q, want a problem instead of the handler's response", resp.StatusCode, body)
+	}
+	e.wantEffects(t, tenant, "http", 0)
+	if _, err := e.store.Lookup(t.Context(), tenant, "http"); !errors.Is(err, idemproxy.ErrNotFound) {
+		t.Fatalf("after a failed commit: %v, want the key free", err)
+	}
+}
