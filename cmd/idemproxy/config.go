@@ -28,18 +28,18 @@ import (
 // Config is the whole configuration, read from IDEMPROXY_* variables by
 // caarlos0/env. The variable names are public interface; desc is what
 // --help and docs/configuration.md say of each. The enumerated variables
-// are folded and checked by their choices (stores, modes, tenantSources,
-// logLevels); what else the command knows of a variable is in three
+// are types of their own whose UnmarshalText folds the value and checks it
+// against its choices (stores, modes, tenantSources, logLevels); what else the command knows of a variable is in three
 // tables: numbers (which may be 0, and what 0 means), ignoredUnless (what
 // a configuration ignores) and proxy.Variable (the library setting a
 // variable sets).
 type Config struct {
-	ListenAddr  string `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
-	AdminAddr   string `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
-	UpstreamURL string `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
-	Store       string `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
-	DatabaseURL string `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
-	Mode        string `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
+	ListenAddr  string    `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
+	AdminAddr   string    `env:"IDEMPROXY_ADMIN_ADDR" envDefault:":9090" desc:"admin listener: /healthz, /readyz, /metrics, /v1/keys"`
+	UpstreamURL string    `env:"IDEMPROXY_UPSTREAM_URL" desc:"the service to protect (required; the demo command supplies its own)"`
+	Store       storeName `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
+	DatabaseURL string    `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
+	Mode        modeName  `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
 
 	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
@@ -92,7 +92,7 @@ type Config struct {
 	WriteTimeout      time.Duration `env:"IDEMPROXY_WRITE_TIMEOUT" envDefault:"30s" desc:"time each write of a response to a client may take (proxy listener): a client that stops reading is cut off (0: none)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API; unset disables it"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
-	LogLevel          string        `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
+	LogLevel          levelName     `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
 
@@ -117,6 +117,36 @@ func (cs choices) match(s string) (string, bool) {
 // String lists cs as a sentence does: "a, b or c".
 func (cs choices) String() string {
 	return strings.Join(cs[:len(cs)-1], ", ") + " or " + cs[len(cs)-1]
+}
+
+// storeName, modeName and levelName are IDEMPROXY_STORE, IDEMPROXY_MODE
+// and IDEMPROXY_LOG_LEVEL: one of their choices, in any case.
+type (
+	storeName string
+	modeName  string
+	levelName string
+)
+
+func (s *storeName) UnmarshalText(text []byte) error {
+	return choose((*string)(s), text, "IDEMPROXY_STORE", stores)
+}
+
+func (m *modeName) UnmarshalText(text []byte) error {
+	return choose((*string)(m), text, "IDEMPROXY_MODE", modes)
+}
+
+func (l *levelName) UnmarshalText(text []byte) error {
+	return choose((*string)(l), text, "IDEMPROXY_LOG_LEVEL", logLevels)
+}
+
+// choose sets *dst to text folded, if that is one of cs.
+func choose(dst *string, text []byte, name string, cs choices) error {
+	v, ok := cs.match(string(text))
+	if !ok {
+		return refuse(name, "must be %s, got %q", cs, v)
+	}
+	*dst = v
+	return nil
 }
 
 // sourceList is IDEMPROXY_TENANT_SOURCE: tenant sources, comma-separated.
@@ -175,23 +205,7 @@ func loadConfig(environ []string) (Config, error) {
 	if err != nil {
 		return Config{}, explainEnvError(err, vars)
 	}
-	var errs []error
-	for _, e := range []struct {
-		name  string
-		value *string
-		cs    choices
-	}{
-		{"IDEMPROXY_STORE", &cfg.Store, stores},
-		{"IDEMPROXY_MODE", &cfg.Mode, modes},
-		{"IDEMPROXY_LOG_LEVEL", &cfg.LogLevel, logLevels},
-	} {
-		v, ok := e.cs.match(*e.value)
-		if !ok {
-			errs = append(errs, refuse(e.name, "must be %s, got %q", e.cs, v))
-		}
-		*e.value = v
-	}
-	return cfg, tell(append(errs, cfg.check()...))
+	return cfg, tell(cfg.check())
 }
 
 // environMap turns "NAME=value" entries into a map; the last of a name wins.
@@ -462,9 +476,9 @@ var ignoredUnless = []struct {
 func (c Config) chosen(name string) []string {
 	switch name {
 	case "IDEMPROXY_STORE":
-		return []string{c.Store}
+		return []string{string(c.Store)}
 	case "IDEMPROXY_MODE":
-		return []string{c.Mode}
+		return []string{string(c.Mode)}
 	case "IDEMPROXY_TENANT_SOURCE":
 		return c.TenantSource
 	}
@@ -557,9 +571,9 @@ func (c Config) drainBudget() time.Duration {
 
 // logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of logLevels;
 // anything else means info.
-func logLevel(s string) slog.Level {
+func logLevel(s levelName) slog.Level {
 	var l slog.Level
-	_ = l.UnmarshalText([]byte(s))
+	_ = l.UnmarshalText([]byte(string(s)))
 	return l
 }
 

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/idempotency"
-	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // withVars returns base with set added.
@@ -143,46 +141,6 @@ func TestConfigNoWarningForUsedVariables(t *testing.T) {
 	})
 	if strings.Contains(s.logs.String(), `"level":"WARN","msg":"configuration`) {
 		t.Errorf("warnings for variables in use:\n%s", s.logs)
-	}
-}
-
-// TestConfigTags: every only tag names a variable of Config and values
-// its enum tag (or, for a folded variable, its library) allows; every
-// enum tag lists distinct values; every lib tag names a setting once.
-func TestConfigTags(t *testing.T) {
-	enums := map[string][]string{
-		"IDEMPROXY_MODE":          {string(idempotency.ModeNoop), string(idempotency.ModeStrict), string(idempotency.ModeReplay)},
-		"IDEMPROXY_TENANT_SOURCE": {string(tenancy.SourceHeader), string(tenancy.SourceJWT)},
-	}
-	libs := map[string]string{}
-	for _, f := range configVars() {
-		for _, lib := range strings.Split(f.Tag.Get("lib"), ",") {
-			if prev, dup := libs[lib]; lib != "" && dup {
-				t.Errorf("%s and %s both set %s", prev, f.Tag.Get("env"), lib)
-			}
-			libs[lib] = f.Tag.Get("env")
-		}
-	}
-	for _, f := range configVars() {
-		if enum := f.Tag.Get("enum"); enum != "" {
-			values := strings.Split(enum, ",")
-			if len(slices.Compact(slices.Sorted(slices.Values(values)))) != len(values) {
-				t.Errorf("%s: enum %q repeats a value", f.Tag.Get("env"), enum)
-			}
-			enums[f.Tag.Get("env")] = values
-		}
-	}
-	for _, f := range configVars() {
-		only := f.Tag.Get("only")
-		if only == "" {
-			continue
-		}
-		name, values, ok := strings.Cut(only, "=")
-		for value := range strings.SplitSeq(values, "|") {
-			if !ok || !slices.Contains(enums[name], value) {
-				t.Errorf("%s: only %q does not name an enumerated variable and values of it", f.Tag.Get("env"), only)
-			}
-		}
 	}
 }
 

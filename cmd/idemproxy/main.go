@@ -296,7 +296,7 @@ func (c Config) server(h http.Handler, log *slog.Logger) *http.Server {
 // warnReplayWithHeaderTenant warns when replay mode hands stored responses
 // to whoever names a tenant in a header: the header is not authenticated.
 func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
-	if cfg.Mode == string(idempotency.ModeReplay) && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
+	if cfg.Mode == modeName(idempotency.ModeReplay) && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
 		log.Warn("replay mode with a header tenant source: the tenant header is not authenticated, so a client that sends another tenant's id and one of its keys (without a token) is answered that tenant's stored response; run it only behind a gateway that sets the header, or use IDEMPROXY_TENANT_SOURCE=jwt",
 			"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","), "tenant_header", cfg.TenantHeader)
 	}

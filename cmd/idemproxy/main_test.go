@@ -293,10 +293,10 @@ func TestConfigDefaults(t *testing.T) {
 		"RetryAfter": time.Second, "WriteTimeout": 30 * time.Second, "RecordCacheBytes": int64(64 << 20),
 	}
 	got := map[string]any{
-		"ListenAddr": cfg.ListenAddr, "AdminAddr": cfg.AdminAddr, "Store": cfg.Store, "Mode": cfg.Mode,
+		"ListenAddr": cfg.ListenAddr, "AdminAddr": cfg.AdminAddr, "Store": string(cfg.Store), "Mode": string(cfg.Mode),
 		"TenantHeader": cfg.TenantHeader, "JWTClaim": cfg.JWTClaim, "KeyTTL": cfg.KeyTTL,
 		"LockTimeout": cfg.LockTimeout, "UpstreamTimeout": cfg.UpstreamTimeout,
-		"MaxBodyBytes": cfg.MaxBodyBytes, "LogLevel": cfg.LogLevel,
+		"MaxBodyBytes": cfg.MaxBodyBytes, "LogLevel": string(cfg.LogLevel),
 		"SuccessStatus": cfg.SuccessStatus, "BodyTimeout": cfg.BodyTimeout, "MaxBuffered": cfg.MaxBuffered,
 		"MemoryMaxBytes": cfg.MemoryMaxBytes, "MemoryTenantMax": cfg.MemoryTenantMax,
 		"RetryAfter": cfg.RetryAfter, "WriteTimeout": cfg.WriteTimeout, "RecordCacheBytes": cfg.RecordCacheBytes,

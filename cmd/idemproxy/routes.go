@@ -41,7 +41,6 @@ func runRoutes(args, environ []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("configuration: %w", explainEnvError(err, environMap(environ)))
 	}
-	cfg.Mode = strings.ToLower(strings.TrimSpace(cfg.Mode))
 	pc, err := cfg.proxyConfig(nil, nil, nil)
 	if err := tell([]error{err, pc.Config.Validate()}); err != nil {
 		return fmt.Errorf("configuration: %w", err)
