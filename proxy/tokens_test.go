@@ -20,7 +20,7 @@ import (
 )
 
 // TestTokenCatalogue: every kind of bad bearer token on a keyed request is
-// a 401 problem, and nothing is forwarded or stored (issue 5's catalogue).
+// a 401 problem, and nothing is forwarded or stored.
 func TestTokenCatalogue(t *testing.T) { forEachStore(t, testTokenCatalogue) }
 
 func testTokenCatalogue(t *testing.T, st option) {

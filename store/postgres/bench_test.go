@@ -27,7 +27,7 @@ func parallelism32() int {
 
 // BenchmarkPostgres measures what one keyed command that succeeds costs
 // the Postgres store: Claim then Complete, one statement each, on unique
-// keys, one client at a time and from 32 goroutines at once (issue 4's 32
+// keys, one client at a time and from 32 goroutines at once (32
 // clients; the pool has the default 20 connections). It runs against
 // TEST_DATABASE_URL (default the local test database) and skips when no
 // database answers there. Run with
