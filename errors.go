@@ -43,6 +43,8 @@ const (
 	ReasonSchemaMissing    = "schema missing"
 	ReasonPermissionDenied = "permission denied"
 	ReasonUnknownParameter = "unknown connection parameter"
+	ReasonCitusMissing     = "citus extension missing"
+	ReasonNotDistributed   = "table not distributed by tenant"
 )
 
 // MisconfiguredError is a permanent store failure. errors.Is reports true

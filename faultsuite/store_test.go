@@ -96,11 +96,12 @@ func postgresBackend(t *testing.T) *backend {
 		t.Fatalf("TEST_DATABASE_URL must be a postgres:// URL with a TCP host:port (the suite puts a TCP proxy in front of it), got %q", dbURL)
 	}
 	partitions := strconv.Itoa(pgtest.Partitions(t))
+	citus := strconv.FormatBool(pgtest.Citus())
 	b := &backend{name: "postgres", server: u, urlVar: "IDEMPROXY_DATABASE_URL",
 		vars: []string{"IDEMPROXY_DB_STATEMENT_TIMEOUT=" + statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS=8",
-			"IDEMPROXY_DB_PARTITIONS=" + partitions},
+			"IDEMPROXY_DB_PARTITIONS=" + partitions, "IDEMPROXY_DB_CITUS=" + citus},
 		settings: map[string]string{"IDEMPROXY_DB_STATEMENT_TIMEOUT": statementTimeout.String(), "IDEMPROXY_DB_MAX_CONNS": "8",
-			"IDEMPROXY_DB_PARTITIONS": partitions, "TEST_DATABASE_URL": dbURL},
+			"IDEMPROXY_DB_PARTITIONS": partitions, "IDEMPROXY_DB_CITUS": citus, "TEST_DATABASE_URL": dbURL},
 		rows:  func(t *testing.T, tenants, _ []string) map[string]storedEntry { return readRows(t, dbURL, tenants) },
 		clean: func(t *testing.T, tenants []string) { deleteTenants(t, dbURL, tenants) },
 	}

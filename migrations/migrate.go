@@ -114,6 +114,9 @@ type Result struct {
 	// Partitions is the number of partitions the run created
 	// idempotency_keys with; 0 when it did not create it partitioned.
 	Partitions int
+	// Distributed reports that the run made idempotency_keys a Citus
+	// distributed table (Citus).
+	Distributed bool
 	// Warnings are things the run left undone that the caller asked for,
 	// such as Partitions on an existing unpartitioned table.
 	Warnings []string
@@ -173,6 +176,9 @@ func Migrate(ctx context.Context, databaseURL string, dir Direction, log *slog.L
 	}
 	if o.partitions < 0 || o.partitions > MaxPartitions {
 		return Result{}, fmt.Errorf("migrations: migrate: partitions must be between 0 and %d, got %d", MaxPartitions, o.partitions)
+	}
+	if o.citus && o.partitions > 0 {
+		return Result{}, errors.New("migrations: migrate: Citus and Partitions cannot be combined: on Citus a tenant's rows already live on one shard")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -240,6 +246,9 @@ func Migrate(ctx context.Context, databaseURL string, dir Direction, log *slog.L
 	switch dir {
 	case Up:
 		err = up(ctx, provider, creates, o.partitions, &res, log)
+		if err == nil && o.citus {
+			err = distribute(ctx, db, &res, log)
+		}
 	case Down:
 		err = down(ctx, provider, &res, log)
 	case Status:

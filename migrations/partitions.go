@@ -15,6 +15,7 @@ type Option func(*options)
 
 type options struct {
 	partitions int
+	citus      bool
 }
 
 // MaxPartitions bounds Partitions: more than this many hash partitions is

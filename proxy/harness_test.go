@@ -136,7 +136,7 @@ func postgresBackend(t *testing.T) *backend {
 	fn, via := pgtest.Faultnet(t, pgtest.URL(t))
 	return &backend{net: fn,
 		open: func() idemproxy.Store {
-			pg, err := postgres.New(context.Background(), postgres.Options{URL: via, MaxConns: 8})
+			pg, err := postgres.New(context.Background(), postgres.Options{URL: via, MaxConns: 8, Citus: pgtest.Citus()})
 			if err != nil {
 				t.Fatalf("postgres.New: %v", err)
 			}

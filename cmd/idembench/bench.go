@@ -86,8 +86,10 @@ type options struct {
 	// commit settings (IDEMPROXY_DB_BATCH_MAX, IDEMPROXY_DB_BATCHES_IN_FLIGHT).
 	DBBatchMax        int
 	DBBatchesInFlight int
-	PgBench           string
-	PgBenchThreads    int
+	// DBCitus is IDEMPROXY_DB_CITUS for the idemproxy-postgres targets.
+	DBCitus        bool
+	PgBench        string
+	PgBenchThreads int
 	// PgBenchBatch, when positive, adds a run of the batched pgbench
 	// script at that batch size each round.
 	PgBenchBatch int

@@ -68,6 +68,7 @@ type runConfig struct {
 	// idemproxy-postgres.
 	DBBatchMax        int    `json:"db_batch_max,omitempty"`
 	DBBatchesInFlight int    `json:"db_batches_in_flight,omitempty"`
+	DBCitus           bool   `json:"db_citus,omitempty"`
 	PgBench           string `json:"pgbench,omitempty"`
 	LoadGen           string `json:"load_generator"`
 	// LoadAvg is /proc/loadavg when the run started and ended: other
@@ -97,7 +98,7 @@ func newRunConfig(o options) runConfig {
 	}
 	if o.DatabaseURL != "" {
 		c.DBMaxConns = o.DBMaxConns
-		c.DBBatchMax, c.DBBatchesInFlight = o.DBBatchMax, o.DBBatchesInFlight
+		c.DBBatchMax, c.DBBatchesInFlight, c.DBCitus = o.DBBatchMax, o.DBBatchesInFlight, o.DBCitus
 		c.PgBench = o.PgBench
 	}
 	return c

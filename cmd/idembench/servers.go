@@ -239,7 +239,7 @@ func startEnv(ctx context.Context, opts options, progress io.Writer) (_ *env, er
 			}
 			pg := e.pg
 			if name == targetPostgresUnbatched {
-				pg, err = postgres.New(ctx, postgres.Options{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true})
+				pg, err = postgres.New(ctx, postgres.Options{URL: e.pgURL, MaxConns: opts.DBMaxConns, Unbatched: true, Citus: opts.DBCitus})
 				if err != nil {
 					return nil, err
 				}
@@ -383,11 +383,11 @@ func openPostgres(ctx context.Context, opts options, batches *batchObserver, pro
 	if err != nil {
 		return nil, "", nil, nil, err
 	}
-	if _, err := migrations.Migrate(ctx, dbURL, migrations.Up, nil); err != nil {
+	if _, err := migrations.Migrate(ctx, dbURL, migrations.Up, nil, migrations.Citus(opts.DBCitus)); err != nil {
 		return nil, "", nil, nil, fmt.Errorf("postgres migrations: %w", err)
 	}
 	pg, err := postgres.New(ctx, postgres.Options{
-		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight,
+		URL: dbURL, MaxConns: opts.DBMaxConns, MaxBatch: opts.DBBatchMax, BatchesInFlight: opts.DBBatchesInFlight, Citus: opts.DBCitus,
 		ObserveBatch: batches.observeBatch, ObserveQueue: batches.observeQueue,
 	})
 	if err != nil {

@@ -50,6 +50,7 @@ type Config struct {
 	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" desc:"most operations one batched Postgres statement carries"`
 	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
 	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
+	DBCitus            bool          `env:"IDEMPROXY_DB_CITUS" envDefault:"false" desc:"the database is a Citus coordinator: the migrations distribute idempotency_keys by tenant_id, the store sends statements Citus runs on one shard, and /readyz checks the distribution (not with IDEMPROXY_DB_PARTITIONS)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`
 	RecordCacheEntries int           `env:"IDEMPROXY_RECORD_CACHE_ENTRIES" envDefault:"10000" desc:"succeeded records each replica caches to answer replays without a Postgres or Redis round trip (0 disables)"`
 	RecordCacheTTL     time.Duration `env:"IDEMPROXY_RECORD_CACHE_TTL" envDefault:"1m" desc:"longest a cached record is replayed without asking the store again"`
@@ -297,6 +298,9 @@ func (c Config) check() []error {
 	case "memory":
 		errs = append(errs, c.memoryOptions().Validate())
 	case "postgres":
+		if c.DBCitus && c.DBPartitions > 0 {
+			bad("IDEMPROXY_DB_PARTITIONS", "cannot be combined with IDEMPROXY_DB_CITUS=true: on Citus a tenant's rows already live on one shard")
+		}
 		if c.DatabaseURL == "" {
 			bad("IDEMPROXY_DATABASE_URL", "is required when IDEMPROXY_STORE=postgres")
 		} else {
@@ -458,7 +462,7 @@ var ignoredUnless = []struct {
 		"IDEMPROXY_MEMORY_MAX_ENTRIES", "IDEMPROXY_MEMORY_MAX_BYTES", "IDEMPROXY_MEMORY_TENANT_MAX_ENTRIES"}},
 	{"IDEMPROXY_STORE", []string{"postgres"}, []string{
 		"IDEMPROXY_DATABASE_URL", "IDEMPROXY_MIGRATE", "IDEMPROXY_DB_MAX_CONNS", "IDEMPROXY_DB_STATEMENT_TIMEOUT",
-		"IDEMPROXY_DB_BATCH", "IDEMPROXY_DB_BATCH_MAX", "IDEMPROXY_DB_BATCHES_IN_FLIGHT", "IDEMPROXY_DB_PARTITIONS",
+		"IDEMPROXY_DB_BATCH", "IDEMPROXY_DB_BATCH_MAX", "IDEMPROXY_DB_BATCHES_IN_FLIGHT", "IDEMPROXY_DB_PARTITIONS", "IDEMPROXY_DB_CITUS",
 		"IDEMPROXY_PURGE_INTERVAL", "IDEMPROXY_PURGE_BATCH"}},
 	{"IDEMPROXY_STORE", []string{"postgres", "redis"}, []string{"IDEMPROXY_RECORD_CACHE_ENTRIES", "IDEMPROXY_RECORD_CACHE_TTL",
 		"IDEMPROXY_RECORD_CACHE_MAX_BYTES"}},
@@ -637,6 +641,7 @@ func (c Config) postgresOptions(log *slog.Logger) postgres.Options {
 		Unbatched:        !c.DBBatch,
 		MaxBatch:         c.DBBatchMax,
 		BatchesInFlight:  c.DBBatchesInFlight,
+		Citus:            c.DBCitus,
 		Logger:           log,
 	}
 }

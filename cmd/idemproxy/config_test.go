@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
 )
 
 // withVars returns base with set added.
@@ -227,5 +226,19 @@ func TestConfigBooleansIgnoreCase(t *testing.T) {
 	if _, err := loadConfig(mapEnv(withVars(upstreamOnly, map[string]string{"IDEMPROXY_OTEL_ENABLED": "yes"}))); err == nil ||
 		!strings.Contains(err.Error(), `IDEMPROXY_OTEL_ENABLED must be true or false, got "yes"`) {
 		t.Errorf("IDEMPROXY_OTEL_ENABLED=yes: %v", err)
+	}
+}
+
+// TestConfigCitusRefusesPartitions: partitions by tenant on a table Citus
+// distributes by tenant are refused, naming both variables.
+func TestConfigCitusRefusesPartitions(t *testing.T) {
+	_, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE=postgres",
+		"IDEMPROXY_DATABASE_URL=postgres://app@db/app", "IDEMPROXY_DB_CITUS=true", "IDEMPROXY_DB_PARTITIONS=4"})
+	if err == nil || !strings.Contains(err.Error(), "IDEMPROXY_DB_PARTITIONS cannot be combined with IDEMPROXY_DB_CITUS=true") {
+		t.Errorf("err = %v, want IDEMPROXY_DB_PARTITIONS refused with IDEMPROXY_DB_CITUS", err)
+	}
+	if _, err := loadConfig([]string{"IDEMPROXY_UPSTREAM_URL=http://127.0.0.1:1", "IDEMPROXY_STORE=postgres",
+		"IDEMPROXY_DATABASE_URL=postgres://app@db/app", "IDEMPROXY_DB_CITUS=true"}); err != nil {
+		t.Errorf("IDEMPROXY_DB_CITUS=true alone: %v", err)
 	}
 }

@@ -120,7 +120,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	if cfg.Migrate {
 		s.migrate = startStep{store: "postgres", what: "migrations", try: func(ctx context.Context) error {
 			if _, err := migrations.Migrate(ctx, cfg.DatabaseURL, migrations.Up, migrationLogger(log),
-				migrations.Partitions(cfg.DBPartitions)); err != nil {
+				migrations.Partitions(cfg.DBPartitions), migrations.Citus(cfg.DBCitus)); err != nil {
 				return err
 			}
 			if err := pg.Ping(ctx); err != nil {
@@ -164,6 +164,7 @@ func warnStatementTimeout(ctx context.Context, pg *postgres.Store, log *slog.Log
 // log records name (attribute "setting") to the variables that set them.
 var migrationVariables = map[string]string{
 	"migrations.Partitions": "IDEMPROXY_DB_PARTITIONS",
+	"migrations.Citus":      "IDEMPROXY_DB_CITUS",
 }
 
 // migrationLogger is log for migrations.Migrate: a record that names one of
@@ -202,7 +203,8 @@ func (h variableHandler) WithGroup(name string) slog.Handler {
 
 // runMigrate is the migrate command: args are the words after "migrate",
 // exactly one of up (apply all pending), down (roll back the latest) or
-// status. It reads IDEMPROXY_DATABASE_URL and IDEMPROXY_DB_PARTITIONS.
+// status. It reads IDEMPROXY_DATABASE_URL, IDEMPROXY_DB_PARTITIONS and
+// IDEMPROXY_DB_CITUS.
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	const usage = "usage: idemproxy migrate up|down|status (IDEMPROXY_DATABASE_URL; recorded in " + migrations.VersionTable + ")"
 	if len(args) == 1 && isHelp(args[0]) {
@@ -231,7 +233,18 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		partitions = n
 	}
-	res, err := migrations.Migrate(ctx, dbURL, dir, nil, migrations.Partitions(partitions))
+	citus := false
+	if v := getenv("IDEMPROXY_DB_CITUS"); v != "" {
+		b, err := strconv.ParseBool(strings.ToLower(strings.TrimSpace(v)))
+		if err != nil {
+			return fmt.Errorf("IDEMPROXY_DB_CITUS must be true or false, got %q", v)
+		}
+		citus = b
+	}
+	if citus && partitions > 0 {
+		return errors.New("IDEMPROXY_DB_PARTITIONS cannot be combined with IDEMPROXY_DB_CITUS=true: on Citus a tenant's rows already live on one shard")
+	}
+	res, err := migrations.Migrate(ctx, dbURL, dir, nil, migrations.Partitions(partitions), migrations.Citus(citus))
 	if werr := printMigration(stdout, dir, res, err == nil); err == nil {
 		err = werr
 	}
@@ -255,6 +268,9 @@ func printMigration(w io.Writer, dir migrations.Direction, res migrations.Result
 	}
 	for _, r := range res.Ran {
 		fmt.Fprintf(w, "%s %s (%s)\n", r.Direction, r.Path, r.Duration.Round(time.Millisecond))
+	}
+	if res.Distributed {
+		fmt.Fprintln(w, "idempotency_keys distributed by tenant_id (Citus)")
 	}
 	if res.Partitions > 0 {
 		fmt.Fprintf(w, "idempotency_keys is partitioned by hash of tenant_id into %d partitions\n", res.Partitions)

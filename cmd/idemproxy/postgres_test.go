@@ -364,6 +364,7 @@ func TestReplicasStartTogether(t *testing.T) {
 	env := map[string]string{
 		"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_STORE": "postgres", "IDEMPROXY_DATABASE_URL": dbURL,
 		"IDEMPROXY_DB_MAX_CONNS": "4", "IDEMPROXY_DB_PARTITIONS": strconv.Itoa(pgtest.Partitions(t)),
+		"IDEMPROXY_DB_CITUS": strconv.FormatBool(pgtest.Citus()),
 	}
 	replicas := make([]*started, 3)
 	var wg sync.WaitGroup

@@ -4,9 +4,11 @@
 // skipped loudly on a developer's machine and fails under CI=true: a
 // missing database never passes as a skip in CI.
 //
-// Two variables change the database the same tests run on, for the
+// Three variables change the database the same tests run on, for the
 // passes .ci/run makes: TEST_DB_PARTITIONS=N migrates every test schema
-// with N hash partitions by tenant (migrations.Partitions), and a
+// with N hash partitions by tenant (migrations.Partitions),
+// TEST_DB_CITUS=true distributes it by tenant on a Citus coordinator
+// (Citus), and a
 // TEST_DATABASE_URL whose default_query_exec_mode is exec or
 // simple_protocol is taken to lead through a transaction-mode pooler
 // (PgBouncer), which refuses search_path at connect: Schema then makes a
@@ -54,7 +56,8 @@ func URL(t testing.TB) string {
 		dbURL = cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
 		var n int
 		if n, dbErr = partitions(); dbErr == nil {
-			_, dbErr = migrations.Migrate(context.Background(), dbURL, migrations.Up, nil, migrations.Partitions(n))
+			_, dbErr = migrations.Migrate(context.Background(), dbURL, migrations.Up, nil,
+				migrations.Partitions(n), migrations.Citus(Citus()))
 		}
 	})
 	if dbErr == nil {
@@ -91,10 +94,17 @@ func partitions() (int, error) {
 	return n, nil
 }
 
-// MigrateOptions are the options tests migrate with: TEST_DB_PARTITIONS.
+// Citus is TEST_DB_CITUS=true: TEST_DATABASE_URL is a Citus coordinator,
+// every test schema's idempotency_keys is distributed by tenant_id
+// (migrations.Citus), and the tests open the Postgres store with
+// postgres.Options.Citus.
+func Citus() bool { return os.Getenv("TEST_DB_CITUS") == "true" }
+
+// MigrateOptions are the options tests migrate with: TEST_DB_PARTITIONS
+// and TEST_DB_CITUS.
 func MigrateOptions(t testing.TB) []migrations.Option {
 	t.Helper()
-	return []migrations.Option{migrations.Partitions(Partitions(t))}
+	return []migrations.Option{migrations.Partitions(Partitions(t)), migrations.Citus(Citus())}
 }
 
 // Pooled reports whether dbURL asks for a query mode that works through a
@@ -243,9 +253,12 @@ func Age(t testing.TB, tenant any, d time.Duration) int64 {
 // AgeIn is Age in the database (and schema) at dbURL.
 func AgeIn(t testing.TB, dbURL string, tenant any, d time.Duration) int64 {
 	t.Helper()
+	// timestamptz - interval is STABLE, which Citus refuses on a column
+	// in an UPDATE; the same arithmetic in UTC timestamps is IMMUTABLE and
+	// exact.
 	return Exec(t, dbURL, `UPDATE idempotency_keys SET
-		created_at = created_at - $2::bigint * interval '1 microsecond',
-		lease_expires_at = lease_expires_at - $2::bigint * interval '1 microsecond',
-		expires_at = expires_at - $2::bigint * interval '1 microsecond'
+		created_at = timezone('UTC', timezone('UTC', created_at) - $2::bigint * interval '1 microsecond'),
+		lease_expires_at = timezone('UTC', timezone('UTC', lease_expires_at) - $2::bigint * interval '1 microsecond'),
+		expires_at = timezone('UTC', timezone('UTC', expires_at) - $2::bigint * interval '1 microsecond')
 		WHERE tenant_id = $1`, tenant, d.Microseconds())
 }

@@ -84,6 +84,19 @@ type pgBatchers struct {
 	releases  *batcher[releaseArgs, struct{}]
 
 	claim, complete, release *replannedSQL
+	// citusClaims are citusClaimValuesSQL's texts by batch size, built
+	// when first used (Options.Citus).
+	citusClaims []atomic.Pointer[string]
+}
+
+// citusClaim is citusClaimValuesSQL(n), built once.
+func (b *pgBatchers) citusClaim(n int) string {
+	if s := b.citusClaims[n].Load(); s != nil {
+		return *s
+	}
+	s := citusClaimValuesSQL(n)
+	b.citusClaims[n].Store(&s)
+	return s
 }
 
 // replanEpochs bounds how often a batched statement is planned again:
@@ -116,6 +129,8 @@ func newBatchers(p *Store, opts Options) *pgBatchers {
 		claim:    newReplannedSQL(ClaimBatchSQL),
 		complete: newReplannedSQL(CompleteBatchSQL),
 		release:  newReplannedSQL(releaseBatchSQL),
+
+		citusClaims: make([]atomic.Pointer[string], opts.MaxBatch+1),
 
 		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
 			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
@@ -241,6 +256,9 @@ func (p *Store) claimRows(ctx context.Context, ops []*claimOp, idx []int, result
 		}
 		results[idx[0]] = res
 		return nil, nil
+	}
+	if p.citus {
+		return p.citusClaimRows(ctx, ops, idx, results)
 	}
 	n := len(idx)
 	commandIDs, owners := make([]pgtype.UUID, n), make([]pgtype.UUID, n)

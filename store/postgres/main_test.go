@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"go.uber.org/goleak"
@@ -16,6 +17,7 @@ func TestMain(m *testing.M) {
 // newTestPostgres opens a store that is closed when the test ends.
 func newTestPostgres(t testing.TB, opts Options) *Store {
 	t.Helper()
+	opts.Citus = opts.Citus || pgtest.Citus()
 	p, err := New(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -29,11 +31,14 @@ func newTestPostgres(t testing.TB, opts Options) *Store {
 // also past its grace, so Purge deletes either.
 func ageRow(t testing.TB, dbURL string, tenant uuid.UUID, key string, purgeable bool) {
 	t.Helper()
+	// The past moment is read first and sent as a value: Citus refuses
+	// now() inside a CASE of an UPDATE.
+	past := pgtest.Query[time.Time](t, dbURL, `SELECT now() - interval '1 second'`)
 	sql := `UPDATE idempotency_keys SET
-		lease_expires_at = CASE WHEN state = 'in_flight' THEN now() - interval '1 second' END,
-		expires_at = CASE WHEN state = 'in_flight' AND NOT $3 THEN expires_at ELSE now() - interval '1 second' END
+		lease_expires_at = CASE WHEN state = 'in_flight' THEN $4::timestamptz END,
+		expires_at = CASE WHEN state = 'in_flight' AND NOT $3 THEN expires_at ELSE $4::timestamptz END
 	WHERE tenant_id = $1 AND key = $2`
-	if n := pgtest.Exec(t, dbURL, sql, tenant, key, purgeable); n != 1 {
+	if n := pgtest.Exec(t, dbURL, sql, tenant, key, purgeable, past); n != 1 {
 		t.Fatalf("age (%s, %q): %d rows updated, want 1", tenant, key, n)
 	}
 }

@@ -49,7 +49,7 @@ func TestPostgresPingChecksSchema(t *testing.T) {
 	_, err = p.Claim(t.Context(), storetest.NewClaim(uuid.New(), "k", "x"))
 	wantMisconfigured(t, "claim without the table", err, idemproxy.ReasonSchemaMissing)
 
-	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
+	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, pgtest.MigrateOptions(t)...); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Ping(t.Context()); err != nil {

@@ -61,6 +61,9 @@ func (p *Store) Ping(ctx context.Context) error {
 		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
 			errors.New("the role may not select, insert, update and delete in idempotency_keys"))
 	}
+	if p.citus {
+		return p.checkDistributed(ctx)
+	}
 	return nil
 }
 

@@ -65,6 +65,17 @@ type Options struct {
 	// Logger receives the purge loop's errors; nil discards them.
 	Logger *slog.Logger
 
+	// Citus says that idempotency_keys is a Citus distributed table,
+	// distributed by tenant_id (migrations.Citus creates it so): the
+	// store then uses statements Citus runs on the tenant's shard alone —
+	// a claim that meets a live row costs a second statement, a batched
+	// claim is a multi-row INSERT, and Purge deletes everything expired in
+	// one statement, one task per shard — and Ping checks the
+	// distribution. Writes are stamped by the clock of the node the store
+	// connects to (the coordinator); lookups and lists judge liveness by
+	// the clock of the worker that holds the tenant's shard.
+	Citus bool
+
 	// Unbatched sends every Claim, Complete and Release as a statement of
 	// its own the moment it is called, as before group commit; for
 	// benchmarks and debugging. By default (false) they are batched, as
@@ -108,6 +119,8 @@ type Store struct {
 	sendsTimeout bool
 	// batches is nil when unbatched.
 	batches *pgBatchers
+	// citus is Options.Citus.
+	citus bool
 	// borrowPool is set when the pool is the application's (NewFromPool):
 	// Close leaves it open.
 	borrowPool bool
@@ -171,6 +184,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 		graceUS:      opts.LockGrace.Microseconds(),
 		log:          opts.Logger,
 		sendsTimeout: sendsTimeout,
+		citus:        opts.Citus,
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
@@ -224,6 +238,9 @@ func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // claimOnce runs ClaimSQL once. shown is false when the statement's
 // snapshot hid the conflicting row; the driver's error is returned as is.
 func (p *Store) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+	if p.citus {
+		return citusClaimOnce(ctx, p.pool, c, p.graceUS)
+	}
 	var claimed bool
 	e, err := scanEntry(p.pool.QueryRow(ctx, ClaimSQL, claimParams(c, p.graceUS)...), &claimed)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
@@ -14,6 +16,9 @@ import (
 func (p *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
+	}
+	if p.citus {
+		return p.purgeAll(ctx)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
@@ -61,4 +66,30 @@ func (p *Store) RunPurge(ctx context.Context, interval time.Duration, batch int,
 			}
 		}
 	}
+}
+
+// purgeAll is Purge on Citus (Options.Citus): purgeAllSQL deletes every
+// expired row at once, batch or not, under a statement_timeout of its own
+// (purgeStatementTimeout) set for its transaction alone, which works
+// through a transaction-mode pooler too.
+func (p *Store) purgeAll(ctx context.Context) (int64, error) {
+	timeout, err := time.ParseDuration(purgeStatementTimeout)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+p.opTimeout)
+	defer cancel()
+	var n int64
+	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+purgeStatementTimeout+"'"); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, purgeAllSQL)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, pgerr.Failure("purge", err)
+	}
+	return n, nil
 }

@@ -53,7 +53,7 @@ func TestPostgresPurge(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Purge: %v", err)
 		}
-		if n > batch {
+		if n > batch && !pgtest.Citus() { // on Citus a purge has no batch bound
 			t.Fatalf("Purge deleted %d rows, more than its batch of %d", n, batch)
 		}
 		total += n
@@ -109,7 +109,7 @@ func TestPostgresRunPurge(t *testing.T) {
 	if got := purged.Load(); got != 12 {
 		t.Errorf("RunPurge reported %d rows, want 12", got)
 	}
-	if got := maxBatch.Load(); got > 5 {
+	if got := maxBatch.Load(); got > 5 && !pgtest.Citus() {
 		t.Errorf("RunPurge reported a batch of %d, over its limit of 5", got)
 	}
 	if got := pgtest.Query[int64](t, dbURL, "SELECT count(*) FROM idempotency_keys"); got != 1 {
@@ -122,6 +122,9 @@ func TestPostgresRunPurge(t *testing.T) {
 // expired in every partition and nothing live in any, a bounded batch at
 // a time.
 func TestPostgresPurgePartitioned(t *testing.T) {
+	if pgtest.Citus() {
+		t.Skip("on Citus a tenant's rows live on one shard: partitions are refused (migrations.Citus)")
+	}
 	dbURL := pgtest.Schema(t)
 	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Partitions(4)); err != nil {
 		t.Fatal(err)
@@ -156,7 +159,7 @@ func TestPostgresPurgePartitioned(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Purge: %v", err)
 		}
-		if n > 50 {
+		if n > 50 && !pgtest.Citus() {
 			t.Fatalf("Purge deleted %d rows, more than its batch of 50", n)
 		}
 		if total += n; n == 0 {
@@ -199,7 +202,7 @@ func TestPostgresPurgeConcurrently(t *testing.T) {
 						t.Errorf("Purge: %v", err)
 						return
 					}
-					if n > 25 {
+					if n > 25 && !pgtest.Citus() { // on Citus a purge has no batch bound
 						t.Errorf("Purge deleted %d rows, more than its batch of 25", n)
 					}
 					total.Add(n)

@@ -15,7 +15,11 @@ const (
 // claimTakeover makes an INSERT INTO idempotency_keys AS k a claim: a
 // row whose lease or record has ended is taken over, a live one is left
 // as it is (and not returned).
-const claimTakeover = `ON CONFLICT (tenant_id, key) DO UPDATE SET
+const claimTakeover = takeoverSet + `
+	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()`
+
+// takeoverSet is what a claim writes over a row it takes over.
+const takeoverSet = `ON CONFLICT (tenant_id, key) DO UPDATE SET
 		command_id = excluded.command_id,
 		command_type = excluded.command_type,
 		state = excluded.state,
@@ -27,8 +31,7 @@ const claimTakeover = `ON CONFLICT (tenant_id, key) DO UPDATE SET
 		status = NULL,
 		resp_headers = NULL,
 		resp_body = NULL,
-		resp_truncated = NULL
-	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= now()`
+		resp_truncated = NULL`
 
 // ClaimSQL is the statement of Postgres.Claim: it inserts a lock, or
 // takes over a row whose lease or record has ended, and returns it with
@@ -142,9 +145,11 @@ WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
 // (key, owner, status, resp_headers as JSON text, body, truncated, TTL in
 // microseconds), exported as ClaimBatchSQL is. The rows are locked in
 // array order first: an UPDATE … FROM would touch them in whatever order
-// its join plan yields.
+// its join plan yields. The expiry is computed in the input, not in SET:
+// Citus refuses a STABLE function applied to a column in an UPDATE.
 const CompleteBatchSQL = `WITH input AS MATERIALIZED (
-	SELECT * FROM unnest($2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
+	SELECT *, now() + in_ttl_us * interval '1 microsecond' AS in_expires_at
+	FROM unnest($2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
 		WITH ORDINALITY AS i(in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
 ), locked AS MATERIALIZED (
 	SELECT i.* FROM input i JOIN idempotency_keys k ON k.tenant_id = $1::uuid AND k.key = i.in_key
@@ -160,7 +165,7 @@ UPDATE idempotency_keys SET
 	resp_truncated = l.in_truncated,
 	created_at = now(),
 	lease_expires_at = NULL,
-	expires_at = now() + l.in_ttl_us * interval '1 microsecond'
+	expires_at = l.in_expires_at
 FROM locked l
 WHERE tenant_id = $1::uuid AND key = l.in_key AND owner_token = l.in_owner AND state = 'in_flight'
 RETURNING l.ord`

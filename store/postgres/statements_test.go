@@ -125,14 +125,23 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 		"CompleteBatchSQL": {pgUUID(tenant), keys, owners, []int32{status, status}, []pgtype.Text{{}, {}},
 			[][]byte{nil, nil}, []pgtype.Bool{{}, {}}, []int64{ttl, ttl}},
 		"releaseBatchSQL": {pgUUID(tenant), keys, owners},
+
+		"citusClaimSQL":         claimParams(&c, 1),
+		"claimConflictSQL":      {pgUUID(tenant), "k"},
+		"claimConflictBatchSQL": {pgUUID(tenant), keys},
+		"citusClaimValuesSQL(2)": {pgUUID(tenant), int64(1),
+			"a", owner, "t", owner, c.Fingerprint[:], int64(1),
+			"b", owner, "t", owner, c.Fingerprint[:], int64(1)},
 	}
-	spansTenants := map[string]bool{"purgeSQL": true}
-	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true}
+	spansTenants := map[string]bool{"purgeSQL": true, "purgeAllSQL": true}
+	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true, "distributionSQL": true}
 	// The pieces statements are built from (entryHead, claimTakeover…)
 	// need no check of their own.
-	pieces := map[string]bool{"entryHead": true, "entryColumns": true, "claimTakeover": true}
+	pieces := map[string]bool{"entryHead": true, "entryColumns": true, "claimTakeover": true,
+		"takeoverSet": true, "citusTakeover": true}
 
 	stmts := storeStatements(t)
+	stmts["citusClaimValuesSQL(2)"] = citusClaimValuesSQL(2)
 	for name := range stmts {
 		if requestPath[name] == nil && !spansTenants[name] && !catalogue[name] && !pieces[name] {
 			t.Errorf("%s names idempotency_keys but this test does not know it: add it to requestPath with its parameters", name)
@@ -167,6 +176,10 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 		}
 	}
 
+	if pgtest.Citus() {
+		checkCitusPlans(t, stmts, requestPath)
+		return
+	}
 	// By plan: on a table with 8 partitions by tenant, each statement
 	// touches at most one of them, the purge every one.
 	dbURL := pgtest.Schema(t)
@@ -203,5 +216,61 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 	}
 	if got := partitionsIn("purgeSQL", []any{1000}); len(got) != 8 {
 		t.Errorf("the purge is planned over the partitions %v, want all 8", got)
+	}
+}
+
+// citusOnly are the statements the store sends only on Citus, and
+// plainOnly those it sends only elsewhere (Citus cannot run them as one
+// task, or at all).
+var (
+	citusOnly = map[string]bool{"citusClaimSQL": true, "claimConflictSQL": true, "claimConflictBatchSQL": true,
+		"citusClaimValuesSQL(2)": true, "purgeAllSQL": true}
+	plainOnly = map[string]bool{"ClaimSQL": true, "ClaimBatchSQL": true, "purgeSQL": true}
+)
+
+// checkCitusPlans asks Citus itself (TEST_DB_CITUS): on idempotency_keys
+// distributed by tenant_id, EXPLAIN of every request-path statement the
+// store sends on Citus shows one task, on the tenant's shard; the purge
+// shows one task per shard.
+func checkCitusPlans(t *testing.T, stmts map[string]string, requestPath map[string][]any) {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), pgtest.MigratedSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	taskCount := regexp.MustCompile(`Task Count: (\d+)`)
+	tasks := func(name string, args []any) []string {
+		rows, err := conn.Query(t.Context(), "EXPLAIN (COSTS OFF) "+stmts[name], args...)
+		if err != nil {
+			t.Fatalf("EXPLAIN %s: %v", name, err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatalf("EXPLAIN %s: %v", name, err)
+		}
+		var counts []string
+		for _, l := range lines {
+			if m := taskCount.FindStringSubmatch(l); m != nil {
+				counts = append(counts, m[1])
+			}
+		}
+		return counts
+	}
+	for _, name := range slices.Sorted(maps.Keys(requestPath)) {
+		if plainOnly[name] {
+			continue
+		}
+		if got := tasks(name, requestPath[name]); !slices.Equal(got, []string{"1"}) {
+			t.Errorf("%s: Citus plans it with task counts %v, want one plan of one task", name, got)
+		}
+	}
+	if got := tasks("purgeAllSQL", nil); len(got) != 1 || got[0] == "1" {
+		t.Errorf("purgeAllSQL: task counts %v, want one plan over every shard", got)
+	}
+	for name := range citusOnly {
+		if _, ok := stmts[name]; !ok {
+			t.Errorf("%s is checked here but is no longer a statement of the store", name)
+		}
 	}
 }

@@ -114,6 +114,7 @@ func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		graceUS:    opts.LockGrace.Microseconds(),
 		log:        opts.Logger,
 		borrowPool: true,
+		citus:      opts.Citus,
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
@@ -177,6 +178,16 @@ func (t *commandTx) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cla
 		}}, nil
 	}
 	for range claimAttempts {
+		if t.p.citus {
+			res, shown, err := citusClaimOnce(ctx, t.tx, &c, t.p.graceUS)
+			if err != nil {
+				return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
+			}
+			if shown {
+				return res, nil
+			}
+			continue
+		}
 		var claimed bool
 		e, err := scanEntry(t.tx.QueryRow(ctx, ClaimSQL, claimParams(&c, t.p.graceUS)...), &claimed)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -43,7 +43,7 @@ func newTxEnv(t *testing.T, partitions int, mode idempotency.Mode) *txEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	st, err := NewFromPool(pool, Options{})
+	st, err := NewFromPool(pool, Options{Citus: pgtest.Citus()})
 	if err != nil {
 		t.Fatal(err)
 	}
