@@ -143,7 +143,7 @@ func runPgbench(b *testing.B, dbURL string, tenant uuid.UUID, clients int) {
 	_, _ = rand.Read(fp)
 	perClient := max(1, b.N/clients)
 	cmd := exec.Command(bin, "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(2, clients)),
-		"-t", strconv.Itoa(perClient), "-f", "../cmd/idembench/claim_complete.pgbench",
+		"-t", strconv.Itoa(perClient), "-f", "../../cmd/idembench/claim_complete.pgbench",
 		"-D", "tenant="+tenant.String(), "-D", "command_id="+uuid.NewString(), "-D", "command_type=POST /orders",
 		"-D", "owner="+uuid.NewString(), "-D", `fingerprint=\x`+hex.EncodeToString(fp),
 		"-D", "lease_us="+strconv.FormatInt(storetest.Lease.Microseconds(), 10),

@@ -1,0 +1,124 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// TestBatcherAnswersEveryCallerItsOwn drives the batcher alone (no
+// database) from many goroutines of a few tenants, with one and with two
+// batches in flight per tenant, and with contexts that can end (the
+// batch runs on a goroutine of its own) and that cannot (the caller runs
+// it): every operation is sent exactly once, in a batch of its own
+// tenant's, no tenant ever has more batches running than allowed, and
+// every caller gets the answer made from its own request, even though
+// run answers a batch's operations in reverse order.
+func TestBatcherAnswersEveryCallerItsOwn(t *testing.T) {
+	for _, inFlight := range []int{1, 2} {
+		for _, cancellable := range []bool{false, true} {
+			t.Run(fmt.Sprintf("inFlight=%d/cancellable=%v", inFlight, cancellable), func(t *testing.T) {
+				testBatcherAnswers(t, inFlight, cancellable)
+			})
+		}
+	}
+}
+
+type testReq struct {
+	tenant uuid.UUID
+	n      int
+}
+
+func testBatcherAnswers(t *testing.T, inFlight int, cancellable bool) {
+	const tenants, callers, perCaller, maxSize = 3, 24, 50, 8
+	tenantIDs := make([]uuid.UUID, tenants)
+	for i := range tenantIDs {
+		tenantIDs[i] = uuid.New()
+	}
+	var (
+		mu       sync.Mutex
+		running  = map[uuid.UUID]int{}
+		sent     = map[int]int{}
+		batches  atomic.Int64
+		failures []string
+	)
+	b := &batcher[testReq, string]{op: "claim", maxSize: maxSize, maxInFlight: inFlight}
+	b.run = func(ops []*batchOp[testReq, string]) {
+		batches.Add(1)
+		tenant := ops[0].req.tenant
+		mu.Lock()
+		running[tenant]++
+		if running[tenant] > inFlight {
+			failures = append(failures, fmt.Sprintf("tenant %s: %d batches running, at most %d allowed", tenant, running[tenant], inFlight))
+		}
+		if len(ops) > maxSize {
+			failures = append(failures, fmt.Sprintf("batch of %d, at most %d allowed", len(ops), maxSize))
+		}
+		for _, o := range ops {
+			sent[o.req.n]++
+			if o.req.tenant != tenant {
+				failures = append(failures, fmt.Sprintf("op %d of tenant %s in a batch of tenant %s", o.req.n, o.req.tenant, tenant))
+			}
+		}
+		mu.Unlock()
+		time.Sleep(50 * time.Microsecond) // the statement's round trip
+		mu.Lock()
+		running[tenant]--
+		mu.Unlock()
+		for i := len(ops) - 1; i >= 0; i-- {
+			ops[i].finish(fmt.Sprintf("answer-%d", ops[i].req.n), nil)
+		}
+	}
+
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			if cancellable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				defer cancel()
+			}
+			for i := range perCaller {
+				n := c*perCaller + i
+				req := testReq{tenant: tenantIDs[n%tenants], n: n}
+				res, err := b.do(ctx, time.Minute, req.tenant, req)
+				if err != nil || res != fmt.Sprintf("answer-%d", n) {
+					wrong.Add(1)
+					t.Errorf("op %d: got %q, %v", n, res, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, f := range failures {
+		t.Error(f)
+	}
+	if len(sent) != callers*perCaller {
+		t.Errorf("%d distinct operations sent, want %d", len(sent), callers*perCaller)
+	}
+	for n, times := range sent {
+		if times != 1 {
+			t.Errorf("op %d sent %d times", n, times)
+		}
+	}
+	b.mu.Lock()
+	lanes := len(b.lanes)
+	b.mu.Unlock()
+	if lanes != 0 {
+		t.Errorf("%d lanes left after every caller returned, want 0", lanes)
+	}
+	t.Logf("%d operations in %d batches (%.1f a batch), %d wrong answers",
+		callers*perCaller, batches.Load(), float64(callers*perCaller)/float64(batches.Load()), wrong.Load())
+}
