@@ -296,6 +296,13 @@ func (p *Store) claimRows(ctx context.Context, ops []*claimOp, idx []int, result
 	if err := rows.Err(); err != nil {
 		return idx, err
 	}
+	return answerClaims(ops, idx, got, seen, results), nil
+}
+
+// answerClaims puts the rows a claim statement showed (got[j] for
+// ops[idx[j]], where seen[j]) in results, with their tenant and key, and
+// returns the claims it did not show, to be claimed again.
+func answerClaims(ops []*claimOp, idx []int, got []idemproxy.ClaimResult, seen []bool, results []idemproxy.ClaimResult) []int {
 	var missing []int
 	for j, i := range idx {
 		if !seen[j] {
@@ -305,7 +312,7 @@ func (p *Store) claimRows(ctx context.Context, ops []*claimOp, idx []int, result
 		got[j].Entry.Tenant, got[j].Entry.Key = ops[i].req.Tenant, ops[i].req.Key
 		results[i] = got[j]
 	}
-	return missing, nil
+	return missing
 }
 
 // runCompletes sends a batch of completions and answers each.

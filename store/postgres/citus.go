@@ -140,25 +140,6 @@ func (p *Store) checkDistributed(ctx context.Context) error {
 	return nil
 }
 
-// citusClaimOnce is claimOnce on Citus, through q (the pool or a
-// transaction): the claim, then, when it wrote no row, the conflicting
-// row. shown is false when neither statement found it.
-func citusClaimOnce(ctx context.Context, q querier, c *idemproxy.Claim, graceUS int64) (res idemproxy.ClaimResult, shown bool, err error) {
-	var claimed bool
-	e, err := scanEntry(q.QueryRow(ctx, citusClaimSQL, claimParams(c, graceUS)...), &claimed)
-	if errors.Is(err, pgx.ErrNoRows) {
-		e, err = scanEntry(q.QueryRow(ctx, claimConflictSQL, pgUUID(c.Tenant), c.Key), &claimed)
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return res, false, nil
-	}
-	if err != nil {
-		return res, false, err
-	}
-	e.Tenant, e.Key = c.Tenant, c.Key
-	return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, true, nil
-}
-
 // querier is what a claim runs its statements through: the pool or a
 // transaction.
 type querier interface {
@@ -217,14 +198,5 @@ func (p *Store) citusClaimRows(ctx context.Context, ops []*claimOp, idx []int, r
 			return idx, err
 		}
 	}
-	var missing []int
-	for j, i := range idx {
-		if !seen[j] {
-			missing = append(missing, i)
-			continue
-		}
-		got[j].Entry.Tenant, got[j].Entry.Key = ops[i].req.Tenant, ops[i].req.Key
-		results[i] = got[j]
-	}
-	return missing, nil
+	return answerClaims(ops, idx, got, seen, results), nil
 }

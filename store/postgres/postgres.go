@@ -238,11 +238,23 @@ func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // claimOnce runs ClaimSQL once. shown is false when the statement's
 // snapshot hid the conflicting row; the driver's error is returned as is.
 func (p *Store) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
-	if p.citus {
-		return citusClaimOnce(ctx, p.pool, c, p.graceUS)
+	return claimRow(ctx, p.pool, c, p.graceUS, p.citus)
+}
+
+// claimRow runs the claim of c once through q (the pool or a
+// transaction): ClaimSQL, or on Citus citusClaimSQL and, when it wrote no
+// row, claimConflictSQL. shown is false when no statement showed the row;
+// the driver's error is returned as is.
+func claimRow(ctx context.Context, q querier, c *idemproxy.Claim, graceUS int64, citus bool) (res idemproxy.ClaimResult, shown bool, err error) {
+	sql := ClaimSQL
+	if citus {
+		sql = citusClaimSQL
 	}
 	var claimed bool
-	e, err := scanEntry(p.pool.QueryRow(ctx, ClaimSQL, claimParams(c, p.graceUS)...), &claimed)
+	e, err := scanEntry(q.QueryRow(ctx, sql, claimParams(c, graceUS)...), &claimed)
+	if citus && errors.Is(err, pgx.ErrNoRows) {
+		e, err = scanEntry(q.QueryRow(ctx, claimConflictSQL, pgUUID(c.Tenant), c.Key), &claimed)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, nil
 	}

@@ -193,16 +193,8 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 	defer conn.Close(t.Context())
 	partition := regexp.MustCompile(`idempotency_keys_p[0-9]+`)
 	partitionsIn := func(name string, args []any) []string {
-		rows, err := conn.Query(t.Context(), "EXPLAIN (COSTS OFF) "+stmts[name], args...)
-		if err != nil {
-			t.Fatalf("EXPLAIN %s: %v", name, err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatalf("EXPLAIN %s: %v", name, err)
-		}
 		seen := map[string]bool{}
-		for _, l := range lines {
+		for _, l := range explain(t, conn, name, stmts[name], args) {
 			for _, p := range partition.FindAllString(l, -1) {
 				seen[p] = true
 			}
@@ -241,16 +233,8 @@ func checkCitusPlans(t *testing.T, stmts map[string]string, requestPath map[stri
 	defer conn.Close(t.Context())
 	taskCount := regexp.MustCompile(`Task Count: (\d+)`)
 	tasks := func(name string, args []any) []string {
-		rows, err := conn.Query(t.Context(), "EXPLAIN (COSTS OFF) "+stmts[name], args...)
-		if err != nil {
-			t.Fatalf("EXPLAIN %s: %v", name, err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatalf("EXPLAIN %s: %v", name, err)
-		}
 		var counts []string
-		for _, l := range lines {
+		for _, l := range explain(t, conn, name, stmts[name], args) {
 			if m := taskCount.FindStringSubmatch(l); m != nil {
 				counts = append(counts, m[1])
 			}
@@ -273,4 +257,19 @@ func checkCitusPlans(t *testing.T, stmts map[string]string, requestPath map[stri
 			t.Errorf("%s is checked here but is no longer a statement of the store", name)
 		}
 	}
+}
+
+// explain returns the lines of EXPLAIN (COSTS OFF) of the statement name
+// (sql) with args bound.
+func explain(t *testing.T, conn *pgx.Conn, name, sql string, args []any) []string {
+	t.Helper()
+	rows, err := conn.Query(t.Context(), "EXPLAIN (COSTS OFF) "+sql, args...)
+	if err != nil {
+		t.Fatalf("EXPLAIN %s: %v", name, err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("EXPLAIN %s: %v", name, err)
+	}
+	return lines
 }

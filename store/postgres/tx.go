@@ -178,26 +178,14 @@ func (t *commandTx) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cla
 		}}, nil
 	}
 	for range claimAttempts {
-		if t.p.citus {
-			res, shown, err := citusClaimOnce(ctx, t.tx, &c, t.p.graceUS)
-			if err != nil {
-				return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
-			}
-			if shown {
-				return res, nil
-			}
-			continue
-		}
-		var claimed bool
-		e, err := scanEntry(t.tx.QueryRow(ctx, ClaimSQL, claimParams(&c, t.p.graceUS)...), &claimed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // a concurrent commit hid the conflicting row: again
-		}
+		res, shown, err := claimRow(ctx, t.tx, &c, t.p.graceUS, t.p.citus)
 		if err != nil {
 			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
-		e.Tenant, e.Key = c.Tenant, c.Key
-		return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, nil
+		if shown {
+			return res, nil
+		}
+		// A concurrent commit hid the conflicting row: again.
 	}
 	return idemproxy.ClaimResult{}, errClaimOutOfSight
 }
