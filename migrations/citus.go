@@ -3,11 +3,9 @@ package migrations
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
 	"log/slog"
 
-	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/citus"
 )
 
 // Citus(true) makes Migrate, going up, distribute idempotency_keys by
@@ -24,39 +22,24 @@ import (
 // opened with postgres.Options.Citus.
 func Citus(on bool) Option { return func(o *options) { o.citus = on } }
 
-// distributionOf is how the search_path's idempotency_keys is distributed
-// on a database with Citus: the distribution column, "" when it is not
-// distributed (or is a reference table, whose column is NULL).
-const distributionOf = `SELECT COALESCE((SELECT column_to_column_name(logicalrelid, partkey)
-	FROM pg_catalog.pg_dist_partition WHERE logicalrelid = to_regclass('idempotency_keys')), '')`
-
 // distribute makes idempotency_keys distributed by tenant_id (Citus).
 // Replicas that migrate together may race to it: the loser finds the
 // table distributed.
 func distribute(ctx context.Context, db *sql.DB, res *Result, log *slog.Logger) error {
-	var citus bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
-		return migrateFailure("migrate up: citus", err)
-	}
-	if !citus {
-		return idemproxy.Misconfigured(idemproxy.ReasonCitusMissing,
-			errors.New("migrations: migrations.Citus is set but the citus extension is not installed in this database "+
-				"(CREATE EXTENSION citus on the coordinator and every worker)"))
-	}
-	column, err := distributedBy(ctx, db)
-	if err != nil || column == "tenant_id" {
+	dist, err := distribution(ctx, db)
+	if err != nil {
 		return err
 	}
-	if column != "" {
-		return idemproxy.Misconfigured(idemproxy.ReasonNotDistributed,
-			fmt.Errorf("migrations: idempotency_keys is distributed by %s, not tenant_id", column))
+	// Only a table not distributed yet is distributed here.
+	if err := citus.Check(true, dist.String); dist.String != "" || err == nil {
+		return err
 	}
 	var rows bool
 	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM idempotency_keys)`).Scan(&rows); err != nil {
 		return migrateFailure("migrate up: citus", err)
 	}
 	if _, err := db.ExecContext(ctx, `SELECT create_distributed_table('idempotency_keys', 'tenant_id')`); err != nil {
-		if column, _ := distributedBy(ctx, db); column == "tenant_id" {
+		if dist, _ := distribution(ctx, db); dist.String == citus.ByTenant {
 			return nil // another replica distributed it meanwhile
 		}
 		return migrateFailure("migrate up: create_distributed_table", err)
@@ -71,10 +54,15 @@ func distribute(ctx context.Context, db *sql.DB, res *Result, log *slog.Logger) 
 	return nil
 }
 
-func distributedBy(ctx context.Context, db *sql.DB) (string, error) {
-	var column string
-	if err := db.QueryRowContext(ctx, distributionOf).Scan(&column); err != nil {
-		return "", migrateFailure("migrate up: citus", err)
+// distribution is the table's distribution (citus.DistributionSQL); a
+// database without the extension is an error (ReasonCitusMissing).
+func distribution(ctx context.Context, db *sql.DB) (sql.NullString, error) {
+	var version, dist sql.NullString
+	if err := db.QueryRowContext(ctx, citus.DistributionSQL).Scan(&version, &dist); err != nil {
+		return dist, migrateFailure("migrate up: citus", err)
 	}
-	return column, nil
+	if !version.Valid {
+		return dist, citus.Check(false, "")
+	}
+	return dist, nil
 }

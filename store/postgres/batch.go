@@ -85,7 +85,7 @@ type pgBatchers struct {
 
 	claim, complete, release *replannedSQL
 	// citusClaims are citusClaimValuesSQL's texts by batch size, built
-	// when first used (Options.Citus).
+	// when first used; nil unless Options.Citus.
 	citusClaims []atomic.Pointer[string]
 }
 
@@ -125,12 +125,10 @@ func (s *replannedSQL) next(n int) string {
 }
 
 func newBatchers(p *Store, opts Options) *pgBatchers {
-	return &pgBatchers{
+	b := &pgBatchers{
 		claim:    newReplannedSQL(ClaimBatchSQL),
 		complete: newReplannedSQL(CompleteBatchSQL),
 		release:  newReplannedSQL(releaseBatchSQL),
-
-		citusClaims: make([]atomic.Pointer[string], opts.MaxBatch+1),
 
 		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
 			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
@@ -145,6 +143,10 @@ func newBatchers(p *Store, opts Options) *pgBatchers {
 			run: p.runReleases, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
 		},
 	}
+	if opts.Citus {
+		b.citusClaims = make([]atomic.Pointer[string], opts.MaxBatch+1)
+	}
+	return b
 }
 
 // Every operation of a batch is of one tenant: the batch is sorted by

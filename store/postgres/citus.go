@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/citus"
 	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
@@ -101,43 +103,18 @@ VALUES `)
 // shard locks.
 const purgeAllSQL = `DELETE FROM idempotency_keys WHERE expires_at <= now()`
 
-// purgeStatementTimeout bounds purgeAllSQL on the server, in place of the
-// request path's statement_timeout: it has no batch bound.
-const purgeStatementTimeout = "60s"
-
-// distributionSQL reads, without failing on a database that has no Citus,
-// the citus extension's version (NULL: not installed) and how the
-// search_path's idempotency_keys is distributed: 'hash:COLUMN', 'none' (a
-// reference table) or NULL (not distributed, or no table).
-const distributionSQL = `SELECT (SELECT extversion FROM pg_extension WHERE extname = 'citus'),
-	CASE WHEN to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
-		AND to_regclass('idempotency_keys') IS NOT NULL THEN
-	(xpath('/row/d/text()', query_to_xml(format(
-		$q$SELECT (SELECT CASE partmethod WHEN 'h' THEN 'hash:' || column_to_column_name(logicalrelid, partkey)
-			WHEN 'n' THEN 'none' ELSE partmethod::text END
-		FROM pg_catalog.pg_dist_partition WHERE logicalrelid = %s) AS d$q$,
-		to_regclass('idempotency_keys')::oid), false, true, '')))[1]::text
-	END`
+// purgeTimeout bounds purgeAllSQL on the server, in place of the request
+// path's statement_timeout: it has no batch bound.
+const purgeTimeout = 60 * time.Second
 
 // checkDistributed is Ping's check on Citus: the extension is there and
 // idempotency_keys is distributed by tenant_id.
 func (p *Store) checkDistributed(ctx context.Context) error {
 	var version, dist pgtype.Text
-	if err := p.pool.QueryRow(ctx, distributionSQL).Scan(&version, &dist); err != nil {
+	if err := p.pool.QueryRow(ctx, citus.DistributionSQL).Scan(&version, &dist); err != nil {
 		return pgerr.Failure("ping", err)
 	}
-	switch {
-	case !version.Valid:
-		return idemproxy.Misconfigured(idemproxy.ReasonCitusMissing,
-			errors.New("postgres.Options.Citus is set but the citus extension is not installed in this database (CREATE EXTENSION citus on the coordinator and every worker)"))
-	case !dist.Valid:
-		return idemproxy.Misconfigured(idemproxy.ReasonNotDistributed,
-			errors.New("idempotency_keys is not distributed: SELECT create_distributed_table('idempotency_keys', 'tenant_id') on the coordinator"))
-	case dist.String != "hash:tenant_id":
-		return idemproxy.Misconfigured(idemproxy.ReasonNotDistributed,
-			fmt.Errorf("idempotency_keys is distributed as %s, not by hash of tenant_id: every statement of the store would span shards", dist.String))
-	}
-	return nil
+	return citus.Check(version.Valid, dist.String)
 }
 
 // querier is what a claim runs its statements through: the pool or a

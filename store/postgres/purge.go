@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,18 +71,14 @@ func (p *Store) RunPurge(ctx context.Context, interval time.Duration, batch int,
 
 // purgeAll is Purge on Citus (Options.Citus): purgeAllSQL deletes every
 // expired row at once, batch or not, under a statement_timeout of its own
-// (purgeStatementTimeout) set for its transaction alone, which works
-// through a transaction-mode pooler too.
+// (purgeTimeout) set for its transaction alone, which works through a
+// transaction-mode pooler too.
 func (p *Store) purgeAll(ctx context.Context) (int64, error) {
-	timeout, err := time.ParseDuration(purgeStatementTimeout)
-	if err != nil {
-		return 0, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout+p.opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, purgeTimeout+p.opTimeout)
 	defer cancel()
 	var n int64
-	err = pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+purgeStatementTimeout+"'"); err != nil {
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, purgeTimeoutSQL); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, purgeAllSQL)
@@ -93,3 +90,6 @@ func (p *Store) purgeAll(ctx context.Context) (int64, error) {
 	}
 	return n, nil
 }
+
+// purgeTimeoutSQL sets purgeTimeout for the purge's transaction.
+var purgeTimeoutSQL = "SET LOCAL statement_timeout = " + strconv.FormatInt(purgeTimeout.Milliseconds(), 10)

@@ -134,7 +134,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 			"b", owner, "t", owner, c.Fingerprint[:], int64(1)},
 	}
 	spansTenants := map[string]bool{"purgeSQL": true, "purgeAllSQL": true}
-	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true, "distributionSQL": true}
+	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true}
 	// The pieces statements are built from (entryHead, claimTakeover…)
 	// need no check of their own.
 	pieces := map[string]bool{"entryHead": true, "entryColumns": true, "claimTakeover": true,
