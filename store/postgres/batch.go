@@ -3,9 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
-	"math/bits"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -44,11 +42,8 @@ import (
 //     only the input row that changed it is returned, as if the two had
 //     been sent one after the other.
 //   - A batched statement is prepared again, and so planned again, each
-//     time the operations it has carried double (replannedSQL): a generic
-//     plan made while the table was small (a seq scan is then cheapest)
-//     would otherwise serve it at any size, for as long as nothing
-//     ANALYZEs the table (autovacuum off), and every batch would read the
-//     whole table.
+//     time the operations it has carried double, as every request-path
+//     statement is (replannedSQL, in plans.go).
 //   - A statement that fails answers every caller in it with the failure
 //     (ErrUnavailable: fail closed); one that the database rejects as
 //     invalid (SQLSTATE classes 22 and 23) is retried one statement per
@@ -83,7 +78,6 @@ type pgBatchers struct {
 	completes *batcher[completeArgs, struct{}]
 	releases  *batcher[releaseArgs, struct{}]
 
-	claim, complete, release *replannedSQL
 	// citusClaims are citusClaimValuesSQL's texts by batch size, built
 	// when first used; nil unless Options.Citus.
 	citusClaims []atomic.Pointer[string]
@@ -99,37 +93,8 @@ func (b *pgBatchers) citusClaim(n int) string {
 	return s
 }
 
-// replanEpochs bounds how often a batched statement is planned again:
-// after 2^24 operations the table has long been as large as it gets.
-const replanEpochs = 24
-
-// replannedSQL is a batched statement whose text changes, by a comment,
-// each time the operations it carried double, so that every connection
-// prepares and plans it again: the plan follows the table as it grows.
-type replannedSQL struct {
-	texts [replanEpochs + 1]string
-	sent  atomic.Uint64
-}
-
-func newReplannedSQL(sql string) *replannedSQL {
-	s := &replannedSQL{}
-	for i := range s.texts {
-		s.texts[i] = sql + "\n-- plan " + strconv.Itoa(i)
-	}
-	return s
-}
-
-// next returns the text for a statement carrying n more operations.
-func (s *replannedSQL) next(n int) string {
-	return s.texts[min(bits.Len64(s.sent.Add(uint64(n))), replanEpochs)]
-}
-
 func newBatchers(p *Store, opts Options) *pgBatchers {
 	b := &pgBatchers{
-		claim:    newReplannedSQL(ClaimBatchSQL),
-		complete: newReplannedSQL(CompleteBatchSQL),
-		release:  newReplannedSQL(releaseBatchSQL),
-
 		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
 			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
 			run: p.runClaims, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
@@ -272,7 +237,7 @@ func (p *Store) claimRows(ctx context.Context, ops []*claimOp, idx []int, result
 		keys[j], types[j] = c.Key, c.CommandType
 		fingerprints[j], leases[j] = c.Fingerprint[:], c.Lease.Microseconds()
 	}
-	rows, err := p.pool.Query(ctx, p.batches.claim.next(n), pgUUID(ops[idx[0]].req.Tenant),
+	rows, err := p.pool.Query(ctx, p.sql.claimBatch.next(n), pgUUID(ops[idx[0]].req.Tenant),
 		keys, commandIDs, types, owners, fingerprints, leases, p.graceUS)
 	if err != nil {
 		return idx, err
@@ -366,7 +331,7 @@ func (p *Store) runCAS(n int, op string,
 // of them matched their lock.
 func (p *Store) completeRows(ctx context.Context, ops []*completeOp) ([]bool, error) {
 	if len(ops) == 1 {
-		return p.casOne(ctx, CompleteSQL, completeParams(&ops[0].req)...)
+		return p.casOne(ctx, p.sql.complete.next(1), completeParams(&ops[0].req)...)
 	}
 	n := len(ops)
 	owners := make([]pgtype.UUID, n)
@@ -382,7 +347,7 @@ func (p *Store) completeRows(ctx context.Context, ops []*completeOp) ([]bool, er
 			truncated[j] = pgtype.Bool{Bool: *a.truncated, Valid: true}
 		}
 	}
-	return p.casRows(ctx, n, p.batches.complete.next(n), pgUUID(ops[0].req.tenant),
+	return p.casRows(ctx, n, p.sql.completeBatch.next(n), pgUUID(ops[0].req.tenant),
 		keys, owners, statuses, headers, bodies, truncated, ttls)
 }
 
@@ -391,14 +356,14 @@ func (p *Store) completeRows(ctx context.Context, ops []*completeOp) ([]bool, er
 func (p *Store) releaseRows(ctx context.Context, ops []*releaseOp) ([]bool, error) {
 	if len(ops) == 1 {
 		a := &ops[0].req
-		return p.casOne(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
+		return p.casOne(ctx, p.sql.release.next(1), pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	}
 	n := len(ops)
 	owners, keys := make([]pgtype.UUID, n), make([]string, n)
 	for j, o := range ops {
 		owners[j], keys[j] = pgUUID(o.req.owner), o.req.key
 	}
-	return p.casRows(ctx, n, p.batches.release.next(n), pgUUID(ops[0].req.tenant), keys, owners)
+	return p.casRows(ctx, n, p.sql.releaseBatch.next(n), pgUUID(ops[0].req.tenant), keys, owners)
 }
 
 // casOne runs a single-row compare-and-swap statement and reports whether

@@ -507,23 +507,3 @@ func TestBatchesAcrossReplicasNeverDeadlock(t *testing.T) {
 		}
 	}
 }
-
-// TestReplannedSQL: a batched statement's text changes when the
-// operations it carried reach each power of two, and no more after
-// replanEpochs doublings.
-func TestReplannedSQL(t *testing.T) {
-	s := newReplannedSQL("SELECT 1")
-	var texts []string
-	for _, n := range []int{1, 1, 1, 1, 4, 3, 5, 64} {
-		texts = append(texts, s.next(n))
-	}
-	// Carried so far: 1, 2, 3, 4, 8, 11, 16, 80.
-	for i, want := range []string{"1", "2", "2", "3", "4", "4", "5", "7"} {
-		if !strings.HasSuffix(texts[i], "-- plan "+want) || !strings.HasPrefix(texts[i], "SELECT 1\n") {
-			t.Errorf("statement %d: %q, want SELECT 1 planned as epoch %s", i, texts[i], want)
-		}
-	}
-	if got := s.next(1 << 40); !strings.HasSuffix(got, fmt.Sprintf("-- plan %d", replanEpochs)) {
-		t.Errorf("after 2^40 operations: %q, want the last epoch %d", got, replanEpochs)
-	}
-}

@@ -171,7 +171,7 @@ func (p *Store) citusClaimRows(ctx context.Context, ops []*claimOp, idx []int, r
 		}
 	}
 	if len(conflicts) > 0 {
-		if err := read(claimConflictBatchSQL, tenant, conflicts); err != nil {
+		if err := read(p.sql.claimConflictBatch.next(len(conflicts)), tenant, conflicts); err != nil {
 			return idx, err
 		}
 	}

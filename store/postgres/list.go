@@ -20,7 +20,7 @@ func (p *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	rows, err := p.pool.Query(ctx, listSQL, pgUUID(tenant), after, afterKey, limit+1)
+	rows, err := p.pool.Query(ctx, p.sql.list.next(1), pgUUID(tenant), after, afterKey, limit+1)
 	if err != nil {
 		return idemproxy.Page{}, pgerr.Failure("list", err)
 	}

@@ -124,6 +124,8 @@ type Store struct {
 	// borrowPool is set when the pool is the application's (NewFromPool):
 	// Close leaves it open.
 	borrowPool bool
+	// sql are the statements' texts (plans.go).
+	sql plans
 }
 
 // New returns a store backed by a pool of connections to opts.URL.
@@ -185,6 +187,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 		log:          opts.Logger,
 		sendsTimeout: sendsTimeout,
 		citus:        opts.Citus,
+		sql:          newPlans(),
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
@@ -238,22 +241,22 @@ func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 // claimOnce runs ClaimSQL once. shown is false when the statement's
 // snapshot hid the conflicting row; the driver's error is returned as is.
 func (p *Store) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
-	return claimRow(ctx, p.pool, c, p.graceUS, p.citus)
+	return p.claimRow(ctx, p.pool, c)
 }
 
 // claimRow runs the claim of c once through q (the pool or a
 // transaction): ClaimSQL, or on Citus citusClaimSQL and, when it wrote no
 // row, claimConflictSQL. shown is false when no statement showed the row;
 // the driver's error is returned as is.
-func claimRow(ctx context.Context, q querier, c *idemproxy.Claim, graceUS int64, citus bool) (res idemproxy.ClaimResult, shown bool, err error) {
-	sql := ClaimSQL
-	if citus {
-		sql = citusClaimSQL
+func (p *Store) claimRow(ctx context.Context, q querier, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+	sql := p.sql.claim
+	if p.citus {
+		sql = p.sql.citusClaim
 	}
 	var claimed bool
-	e, err := scanEntry(q.QueryRow(ctx, sql, claimParams(c, graceUS)...), &claimed)
-	if citus && errors.Is(err, pgx.ErrNoRows) {
-		e, err = scanEntry(q.QueryRow(ctx, claimConflictSQL, pgUUID(c.Tenant), c.Key), &claimed)
+	e, err := scanEntry(q.QueryRow(ctx, sql.next(1), claimParams(c, p.graceUS)...), &claimed)
+	if p.citus && errors.Is(err, pgx.ErrNoRows) {
+		e, err = scanEntry(q.QueryRow(ctx, p.sql.claimConflict.next(1), pgUUID(c.Tenant), c.Key), &claimed)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return res, false, nil
@@ -309,7 +312,7 @@ func completeParams(a *completeArgs) []any {
 }
 
 func (p *Store) completeOne(ctx context.Context, a completeArgs) error {
-	tag, err := p.pool.Exec(ctx, CompleteSQL, completeParams(&a)...)
+	tag, err := p.pool.Exec(ctx, p.sql.complete.next(1), completeParams(&a)...)
 	if err != nil {
 		return pgerr.Failure("complete", err)
 	}
@@ -333,7 +336,7 @@ func (p *Store) Release(ctx context.Context, tenant uuid.UUID, key string, owner
 }
 
 func (p *Store) releaseOne(ctx context.Context, a releaseArgs) error {
-	tag, err := p.pool.Exec(ctx, releaseSQL, pgUUID(a.tenant), a.key, pgUUID(a.owner))
+	tag, err := p.pool.Exec(ctx, p.sql.release.next(1), pgUUID(a.tenant), a.key, pgUUID(a.owner))
 	if err != nil {
 		return pgerr.Failure("release", err)
 	}
@@ -352,7 +355,7 @@ func (p *Store) releaseOne(ctx context.Context, a releaseArgs) error {
 func (p *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID, lease time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, renewSQL, pgUUID(tenant), key, pgUUID(owner), lease.Microseconds(), p.graceUS)
+	tag, err := p.pool.Exec(ctx, p.sql.renew.next(1), pgUUID(tenant), key, pgUUID(owner), lease.Microseconds(), p.graceUS)
 	if err != nil {
 		return pgerr.Failure("renew", err)
 	}
@@ -367,7 +370,7 @@ func (p *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner u
 func (p *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	e, err := scanEntry(p.pool.QueryRow(ctx, lookupSQL, pgUUID(tenant), key))
+	e, err := scanEntry(p.pool.QueryRow(ctx, p.sql.lookup.next(1), pgUUID(tenant), key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idemproxy.Entry{}, idemproxy.ErrNotFound
 	}
@@ -383,7 +386,7 @@ func (p *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemp
 func (p *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, deleteSQL, pgUUID(tenant), key)
+	tag, err := p.pool.Exec(ctx, p.sql.del.next(1), pgUUID(tenant), key)
 	if err != nil {
 		return pgerr.Failure("delete", err)
 	}

@@ -115,6 +115,7 @@ func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		log:        opts.Logger,
 		borrowPool: true,
 		citus:      opts.Citus,
+		sql:        newPlans(),
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
@@ -178,7 +179,7 @@ func (t *commandTx) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cla
 		}}, nil
 	}
 	for range claimAttempts {
-		res, shown, err := claimRow(ctx, t.tx, &c, t.p.graceUS, t.p.citus)
+		res, shown, err := t.p.claimRow(ctx, t.tx, &c)
 		if err != nil {
 			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
@@ -205,7 +206,7 @@ func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.p.opTimeout)
 	defer cancel()
-	tag, err := t.tx.Exec(ctx, CompleteSQL, completeParams(&a)...)
+	tag, err := t.tx.Exec(ctx, t.p.sql.complete.next(1), completeParams(&a)...)
 	if err != nil {
 		return pgerr.Failure("complete", err)
 	}

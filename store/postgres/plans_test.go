@@ -1,0 +1,107 @@
+package postgres
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/store/storetest"
+)
+
+// TestReplannedSQL: a statement's text changes when the operations it
+// carried reach each power of two, and no more after replanEpochs
+// doublings.
+func TestReplannedSQL(t *testing.T) {
+	s := newReplannedSQL("SELECT 1")
+	var texts []string
+	for _, n := range []int{1, 1, 1, 1, 4, 3, 5, 64} {
+		texts = append(texts, s.next(n))
+	}
+	// Carried so far: 1, 2, 3, 4, 8, 11, 16, 80.
+	for i, want := range []string{"1", "2", "2", "3", "4", "4", "5", "7"} {
+		if !strings.HasSuffix(texts[i], "-- plan "+want) || !strings.HasPrefix(texts[i], "SELECT 1\n") {
+			t.Errorf("statement %d: %q, want SELECT 1 planned as epoch %s", i, texts[i], want)
+		}
+	}
+	if got := s.next(1 << 40); !strings.HasSuffix(got, fmt.Sprintf("-- plan %d", replanEpochs)) {
+		t.Errorf("after 2^40 operations: %q, want the last epoch %d", got, replanEpochs)
+	}
+}
+
+// TestPlansFollowTheTable: a store that starts on an empty table, with
+// one connection and every operation a statement of its own, reaches a key
+// through the primary key once the table has grown. A plan made on the
+// empty table and kept for the connection's life would walk the tenant's
+// rows through the listing index (idempotency_keys_tenant_created_idx)
+// for every completion, renewal, release and lookup, where the primary
+// key reads none of that index.
+func TestPlansFollowTheTable(t *testing.T) {
+	if pgtest.Citus() {
+		t.Skip("Citus plans each shard's statement on its worker, where these counters are not")
+	}
+	dbURL := pgtest.MigratedSchema(t)
+	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1, Unbatched: true})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer p.Close()
+	tenant := uuid.New()
+	// The counters of the backend: it reports them when idle for a second
+	// (or ten) and when it exits.
+	counters := func(updates int64) (read int64) {
+		deadline := time.Now().Add(30 * time.Second)
+		for pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(n_tup_upd), 0) FROM pg_stat_user_tables
+			WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`) < updates {
+			if time.Now().After(deadline) {
+				t.Fatalf("the store's backend did not report %d updates within 30s", updates)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+			WHERE schemaname = current_schema() AND indexrelname LIKE 'idempotency_keys%tenant_created%'`)
+	}
+	// Each key is claimed and renewed, then completed and looked up, or
+	// released: two updates for a completed key, one for a released one.
+	const grow, more = 2048, 400
+	commands(t, p, tenant, 0, grow)
+	before := counters(grow + grow/2)
+	commands(t, p, tenant, grow, grow+more)
+	p.Close()
+	if read := counters(grow+more+(grow+more)/2) - before; read > more/10 {
+		t.Errorf("on a table of %d rows, %d more keys read %d entries of the listing index, want none: "+
+			"a statement kept a plan made on a smaller table", grow, more, read)
+	}
+}
+
+// commands claims and renews the tenant's keys from to to, completing
+// and looking up the even ones and releasing the odd ones.
+func commands(t *testing.T, p *Store, tenant uuid.UUID, from, to int) {
+	t.Helper()
+	ctx := t.Context()
+	for i := from; i < to; i++ {
+		c := storetest.NewClaim(tenant, fmt.Sprintf("k%05d", i), "body")
+		if res, err := p.Claim(ctx, c); err != nil || !res.Claimed {
+			t.Fatalf("claim %d: %+v, %v", i, res, err)
+		}
+		if err := p.Renew(ctx, tenant, c.Key, c.Owner, time.Minute); err != nil {
+			t.Fatalf("renew %d: %v", i, err)
+		}
+		if i%2 == 1 {
+			if err := p.Release(ctx, tenant, c.Key, c.Owner); err != nil {
+				t.Fatalf("release %d: %v", i, err)
+			}
+			continue
+		}
+		if err := p.Complete(ctx, idemproxy.Completion{Tenant: tenant, Key: c.Key, Owner: c.Owner, Status: 201, TTL: time.Hour}); err != nil {
+			t.Fatalf("complete %d: %v", i, err)
+		}
+		if _, err := p.Lookup(ctx, tenant, c.Key); err != nil {
+			t.Fatalf("lookup %d: %v", i, err)
+		}
+	}
+}
