@@ -135,7 +135,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	var maxConns int
 	fs.IntVar(&maxConns, "db-max-conns", 20, "Postgres pool size of idemproxy-postgres (IDEMPROXY_DB_MAX_CONNS default: 20)")
 	fs.IntVar(&o.DBBatchMax, "db-batch-max", 64, "idemproxy-postgres's IDEMPROXY_DB_BATCH_MAX")
-	fs.IntVar(&o.DBBatchesInFlight, "db-batches-in-flight", 2, "idemproxy-postgres's IDEMPROXY_DB_BATCHES_IN_FLIGHT")
+	fs.IntVar(&o.DBBatchesInFlight, "db-batches-in-flight", 1, "idemproxy-postgres's IDEMPROXY_DB_BATCHES_IN_FLIGHT")
 	fs.BoolVar(&o.DBCitus, "db-citus", false, "-database-url is a Citus coordinator: the schema's table is distributed by tenant_id and the store opened with IDEMPROXY_DB_CITUS (the server CPU column then counts the coordinator's backends only)")
 	fs.StringVar(&pgbench, "pgbench", "auto", "pgbench binary: auto (PATH, then /usr/lib/postgresql/*/bin), a path, or off")
 	fs.IntVar(&o.PgBenchThreads, "pgbench-threads", 2, "pgbench -j")

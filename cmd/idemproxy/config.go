@@ -48,7 +48,7 @@ type Config struct {
 	DBStatementTimeout time.Duration `env:"IDEMPROXY_DB_STATEMENT_TIMEOUT" envDefault:"2s" desc:"Postgres statement_timeout (the server cancels a slower statement)"`
 	DBBatch            bool          `env:"IDEMPROXY_DB_BATCH" envDefault:"true" desc:"group commit: concurrent Postgres claims, completions and releases share statements (false sends each alone)"`
 	DBBatchMax         int           `env:"IDEMPROXY_DB_BATCH_MAX" envDefault:"64" desc:"most operations one batched Postgres statement carries"`
-	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"2" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
+	DBBatchesInFlight  int           `env:"IDEMPROXY_DB_BATCHES_IN_FLIGHT" envDefault:"1" desc:"batched Postgres statements of one kind running at once per tenant (a statement carries one tenant); operations arriving meanwhile go together in the tenant's next"`
 	DBPartitions       int           `env:"IDEMPROXY_DB_PARTITIONS" envDefault:"0" desc:"hash partitions by tenant_id of the idempotency_keys table the migrations create (applied only when they create it; an existing table is left as it is)"`
 	DBCitus            bool          `env:"IDEMPROXY_DB_CITUS" envDefault:"false" desc:"the database is a Citus coordinator: the migrations distribute idempotency_keys by tenant_id, the store sends statements Citus runs on one shard, and /readyz checks the distribution (not with IDEMPROXY_DB_PARTITIONS)"`
 	PurgeInterval      time.Duration `env:"IDEMPROXY_PURGE_INTERVAL" envDefault:"1m" desc:"how often expired Postgres rows are purged (0: never, for a database whose purge runs elsewhere)"`

@@ -47,8 +47,8 @@ func TestPostgresConfig(t *testing.T) {
 	if err != nil || off.PurgeInterval != 0 {
 		t.Errorf("IDEMPROXY_PURGE_INTERVAL=0: %v, interval %s; want the purge off", err, off.PurgeInterval)
 	}
-	if !cfg.DBBatch || cfg.DBBatchMax != 64 || cfg.DBBatchesInFlight != 2 {
-		t.Errorf("group commit defaults: on %v, batches of at most %d, %d in flight; want on, 64, 2",
+	if !cfg.DBBatch || cfg.DBBatchMax != 64 || cfg.DBBatchesInFlight != 1 {
+		t.Errorf("group commit defaults: on %v, batches of at most %d, %d in flight; want on, 64, 1",
 			cfg.DBBatch, cfg.DBBatchMax, cfg.DBBatchesInFlight)
 	}
 	for name, value := range map[string]string{
@@ -186,7 +186,7 @@ func testPostgresConfig(dbURL string) Config {
 	return Config{
 		Store: "postgres", DatabaseURL: dbURL, Migrate: true, DBMaxConns: 4,
 		DBStatementTimeout: time.Second, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 100,
-		DBBatch: true, DBBatchMax: 64, DBBatchesInFlight: 2,
+		DBBatch: true, DBBatchMax: 64, DBBatchesInFlight: 1,
 	}
 }
 

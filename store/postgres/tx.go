@@ -93,7 +93,7 @@ func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		opts.MaxBatch = 64
 	}
 	if opts.BatchesInFlight == 0 {
-		opts.BatchesInFlight = 2
+		opts.BatchesInFlight = 1
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = 2 * time.Second
