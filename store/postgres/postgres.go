@@ -409,46 +409,84 @@ func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true}
 // before (a claim's flag, a batch's ordinality). Tenant and Key are left
 // for the caller.
 func scanEntry(row pgx.Row, before ...any) (idemproxy.Entry, error) {
-	var (
-		e           idemproxy.Entry
-		state       string
-		fingerprint []byte
-		remainingUS int64
-		status      int32
-		header      []byte
-		body        []byte
-		truncated   *bool
-		commandID   pgtype.UUID
-	)
-	dest := append(before, &state, &commandID, &e.CommandType, &fingerprint, &e.CreatedAt,
-		&e.ExpiresAt, &remainingUS, &status, &header, &body, &truncated)
+	// One allocation holds every column pgx scans into: each pointer to a
+	// local would otherwise escape to the heap through its interface.
+	r := &entryRow{}
+	dest := append(r.dest[:0], before...)
+	dest = append(dest, &r.state, &r.commandID, &r.e.CommandType, &r.fingerprint, &r.e.CreatedAt,
+		&r.e.ExpiresAt, &r.remainingUS, &r.status, &r.header, &r.body, &r.truncated)
 	if err := row.Scan(dest...); err != nil {
-		return e, err
+		return r.e, err
 	}
-	e.CommandID = commandID.Bytes
-	switch state {
-	case "in_flight":
-		e.State = idemproxy.StateInFlight
-	case "succeeded":
-		e.State = idemproxy.StateSucceeded
-	default:
-		return e, fmt.Errorf("unknown state %q", state)
+	e := r.e
+	e.CommandID = r.commandID.Bytes
+	e.State = r.state.state
+	if e.State == 0 {
+		return e, fmt.Errorf("unknown state %q", r.state.unknown)
 	}
-	if len(fingerprint) != len(e.Fingerprint) {
-		return e, fmt.Errorf("fingerprint of %d bytes, want %d", len(fingerprint), len(e.Fingerprint))
+	if r.fingerprint.n != len(e.Fingerprint) {
+		return e, fmt.Errorf("fingerprint of %d bytes, want %d", r.fingerprint.n, len(e.Fingerprint))
 	}
-	copy(e.Fingerprint[:], fingerprint)
-	e.Remaining = time.Duration(remainingUS) * time.Microsecond
-	e.Status = int(status)
-	if truncated != nil {
-		e.Response = &idemproxy.Response{Body: body, Truncated: *truncated}
-		if header != nil {
-			if err := json.Unmarshal(header, &e.Response.Header); err != nil {
+	e.Fingerprint = r.fingerprint.fp
+	e.Remaining = time.Duration(r.remainingUS) * time.Microsecond
+	e.Status = int(r.status)
+	if r.truncated != nil {
+		e.Response = &idemproxy.Response{Body: r.body, Truncated: *r.truncated}
+		if r.header != nil {
+			if err := json.Unmarshal(r.header, &e.Response.Header); err != nil {
 				return e, fmt.Errorf("decode response header: %w", err)
 			}
 		}
 	}
 	return e, nil
+}
+
+// entryRow is what scanEntry reads one row into.
+type entryRow struct {
+	e           idemproxy.Entry
+	state       stateColumn
+	commandID   pgtype.UUID
+	fingerprint fingerprintColumn
+	remainingUS int64
+	status      int32
+	header      []byte
+	body        []byte
+	truncated   *bool
+	// dest has room for the columns a caller scans before the entry's.
+	dest [13]any
+}
+
+// stateColumn reads the state column without making a string of it.
+type stateColumn struct {
+	state   idemproxy.State
+	unknown string
+}
+
+func (c *stateColumn) ScanBytes(v []byte) error {
+	switch string(v) {
+	case "in_flight":
+		c.state = idemproxy.StateInFlight
+	case "succeeded":
+		c.state = idemproxy.StateSucceeded
+	default:
+		c.state, c.unknown = 0, string(v)
+	}
+	return nil
+}
+
+// fingerprintColumn reads the fingerprint column into its array, without
+// a slice of its own; n is the column's length.
+type fingerprintColumn struct {
+	fp idemproxy.Fingerprint
+	n  int
+}
+
+func (c *fingerprintColumn) ScanBytes(v []byte) error {
+	c.n = copy(c.fp[:], v)
+	if len(v) != len(c.fp) {
+		c.n = len(v)
+	}
+	return nil
 }
 
 // Capabilities reports a store shared by every replica over the network.
