@@ -39,7 +39,8 @@ func TestReplannedSQL(t *testing.T) {
 // empty table and kept for the connection's life would walk the tenant's
 // rows through the listing index (idempotency_keys_tenant_created_idx)
 // for every completion, renewal, release and lookup, where the primary
-// key reads none of that index.
+// key reads none of that index. Nor does the connection keep every
+// epoch's statement prepared.
 func TestPlansFollowTheTable(t *testing.T) {
 	if pgtest.Citus() {
 		t.Skip("Citus plans each shard's statement on its worker, where these counters are not")
@@ -71,6 +72,17 @@ func TestPlansFollowTheTable(t *testing.T) {
 	commands(t, p, tenant, 0, grow)
 	before := counters(grow + grow/2)
 	commands(t, p, tenant, grow, grow+more)
+	// The epochs left behind are deallocated: the connection keeps no
+	// more prepared statements than its cache holds.
+	prepared := 0
+	if err := p.pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_prepared_statements`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	// pgx deallocates what its cache evicted before the connection's next
+	// statement: the count's own may still see one of them.
+	if prepared > statementCacheCapacity+1 {
+		t.Errorf("the connection holds %d prepared statements, want at most %d", prepared, statementCacheCapacity+1)
+	}
 	p.Close()
 	if read := counters(grow+more+(grow+more)/2) - before; read > more/10 {
 		t.Errorf("on a table of %d rows, %d more keys read %d entries of the listing index, want none: "+

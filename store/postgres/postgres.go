@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -174,6 +175,9 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"
 	}
+	if !strings.Contains(opts.URL, "statement_cache_capacity") {
+		cfg.ConnConfig.StatementCacheCapacity = statementCacheCapacity
+	}
 	opTimeout := opts.OpTimeout
 	if opTimeout <= 0 {
 		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
@@ -199,6 +203,15 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	}
 	return p, nil
 }
+
+// statementCacheCapacity bounds the statements a connection keeps
+// prepared (pgx's default is 512). Every request-path statement is
+// prepared again as the table grows (plans.go), which leaves the texts of
+// earlier epochs prepared on a connection until it closes, and a batched
+// statement's plan holds about 250 kB of the server's memory: the cache
+// deallocates them, least recently used first. About 20 statements are
+// in use at a time.
+const statementCacheCapacity = 48
 
 // Close closes every connection of the pool, waiting for operations in
 // progress to return their connection. The store is unusable afterwards.
