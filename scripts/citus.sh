@@ -59,9 +59,10 @@ as_pg() {
 
 # installer prints the path of Citus's install.sh: in $CITUS_SHARED/citus
 # (or $CITUS_SHARED itself) when set, else in the shared/ folder beside the
-# repository's main checkout.
+# repository's main checkout, or beside the local checkout it was cloned
+# from.
 installer() {
-  local candidates=() top common c
+  local candidates=() top common origin c
   if [ -n "${CITUS_SHARED:-}" ]; then
     candidates=("$CITUS_SHARED/citus" "$CITUS_SHARED")
   else
@@ -76,6 +77,11 @@ installer() {
       candidates+=("$(dirname "$common")/../shared/citus")
     fi
     candidates+=("$here/../../shared/citus")
+    # A clone of a local checkout (as CI makes): beside the checkout it
+    # was cloned from.
+    if origin=$(git -C "$here" remote get-url origin 2>/dev/null) && [ -d "$origin" ]; then
+      candidates+=("$origin/../shared/citus")
+    fi
   fi
   for c in "${candidates[@]}"; do
     if [ -f "$c/install.sh" ]; then
