@@ -26,8 +26,9 @@ import (
 // follows the table as it grows, about as large as the operations sent so
 // far. After 2^replanEpochs operations the text stays: a table that has
 // seen that many is as large as it gets. A connection holds at most one
-// prepared statement per epoch it lived through (pgx's statement cache
-// holds 512); connections are replaced after an hour (pgxpool's
+// prepared statement per epoch it lived through, until its statement
+// cache (bounded by New: statementCacheCapacity) deallocates the older
+// ones; connections are replaced after an hour (pgxpool's
 // MaxConnLifetime), and with them the epochs they held.
 
 // replanEpochs bounds how often a statement is planned again: after 2^24

@@ -117,3 +117,14 @@ func commands(t *testing.T, p *Store, tenant uuid.UUID, from, to int) {
 		}
 	}
 }
+
+// TestCacheCapacity: on Citus the statement cache also holds a batched
+// claim text per batch size, so that none of them is evicted while in use.
+func TestCacheCapacity(t *testing.T) {
+	if got := cacheCapacity(Options{MaxBatch: 64}); got != statementCacheCapacity {
+		t.Errorf("without Citus: %d, want %d", got, statementCacheCapacity)
+	}
+	if got := cacheCapacity(Options{MaxBatch: 1000, Citus: true}); got != statementCacheCapacity+1000 {
+		t.Errorf("on Citus with batches of 1000: %d, want %d", got, statementCacheCapacity+1000)
+	}
+}

@@ -176,7 +176,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 		params["application_name"] = "idemproxy"
 	}
 	if !strings.Contains(opts.URL, "statement_cache_capacity") {
-		cfg.ConnConfig.StatementCacheCapacity = statementCacheCapacity
+		cfg.ConnConfig.StatementCacheCapacity = cacheCapacity(opts)
 	}
 	opTimeout := opts.OpTimeout
 	if opTimeout <= 0 {
@@ -209,9 +209,19 @@ func New(_ context.Context, opts Options) (*Store, error) {
 // prepared again as the table grows (plans.go), which leaves the texts of
 // earlier epochs prepared on a connection until it closes, and a batched
 // statement's plan holds about 250 kB of the server's memory: the cache
-// deallocates them, least recently used first. About 20 statements are
-// in use at a time.
+// deallocates them, least recently used first. Without Citus about 15
+// texts are in use at a time.
 const statementCacheCapacity = 48
+
+// cacheCapacity is the statement cache of New's connections: on Citus
+// the batched claim has a text per batch size (citusClaimValuesSQL), all
+// of which stay in use.
+func cacheCapacity(opts Options) int {
+	if opts.Citus {
+		return statementCacheCapacity + opts.MaxBatch
+	}
+	return statementCacheCapacity
+}
 
 // Close closes every connection of the pool, waiting for operations in
 // progress to return their connection. The store is unusable afterwards.

@@ -76,7 +76,11 @@ func TxFrom(ctx context.Context) (pgx.Tx, bool) {
 // business (the statement timeout is not set on its connections, so set
 // it on the role or in the pool's configuration), and the other options
 // mean what they mean for New. The schema must have been applied with
-// migrations.Migrate.
+// migrations.Migrate. The store's statements are prepared again as the
+// table grows (as with New), leaving earlier texts prepared on the
+// pool's connections: set the pool's ConnConfig.StatementCacheCapacity
+// (pgx's default is 512) to bound the server memory they hold, as New
+// bounds its own to 48 (48 + MaxBatch on Citus).
 func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, &idemproxy.ConfigError{Struct: "postgres", Field: "NewFromPool", Reason: "needs a pool, got nil"}
