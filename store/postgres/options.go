@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/idemproxy/idemproxy"
@@ -33,4 +34,30 @@ func (o Options) Validate() error {
 		}
 	}
 	return errs.Err()
+}
+
+// withDefaults fills in what zero means for every option but URL and
+// MaxConns (New's own): MaxBatch 64, BatchesInFlight 1, StatementTimeout
+// 2s, LockGrace an hour, a Logger that discards, and an OpTimeout of the
+// statement timeout and half as much again (at least 100ms more).
+func (o Options) withDefaults() Options {
+	if o.MaxBatch == 0 {
+		o.MaxBatch = 64
+	}
+	if o.BatchesInFlight == 0 {
+		o.BatchesInFlight = 1
+	}
+	if o.StatementTimeout <= 0 {
+		o.StatementTimeout = 2 * time.Second
+	}
+	if o.LockGrace <= 0 {
+		o.LockGrace = time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = o.StatementTimeout + max(o.StatementTimeout/2, 100*time.Millisecond)
+	}
+	return o
 }

@@ -146,21 +146,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
 	}
-	if opts.MaxBatch == 0 {
-		opts.MaxBatch = 64
-	}
-	if opts.BatchesInFlight == 0 {
-		opts.BatchesInFlight = 1
-	}
-	if opts.StatementTimeout <= 0 {
-		opts.StatementTimeout = 2 * time.Second
-	}
-	if opts.LockGrace <= 0 {
-		opts.LockGrace = time.Hour
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
+	opts = opts.withDefaults()
 	cfg, err := pgxpool.ParseConfig(opts.URL)
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres: %w", pgerr.URLError(opts.URL, err))
@@ -178,30 +164,33 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	if !strings.Contains(opts.URL, "statement_cache_capacity") {
 		cfg.ConnConfig.StatementCacheCapacity = cacheCapacity(opts)
 	}
-	opTimeout := opts.OpTimeout
-	if opTimeout <= 0 {
-		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
-	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = opTimeout
+		cfg.ConnConfig.ConnectTimeout = opts.OpTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: postgres pool: %v", err)
 	}
+	p := newStore(pool, opts)
+	p.sendsTimeout = sendsTimeout
+	return p, nil
+}
+
+// newStore is the store New and NewFromPool return, on pool, with opts
+// already through withDefaults.
+func newStore(pool *pgxpool.Pool, opts Options) *Store {
 	p := &Store{
-		pool:         pool,
-		opTimeout:    opTimeout,
-		graceUS:      opts.LockGrace.Microseconds(),
-		log:          opts.Logger,
-		sendsTimeout: sendsTimeout,
-		citus:        opts.Citus,
-		sql:          newPlans(),
+		pool:      pool,
+		opTimeout: opts.OpTimeout,
+		graceUS:   opts.LockGrace.Microseconds(),
+		log:       opts.Logger,
+		citus:     opts.Citus,
+		sql:       newPlans(),
 	}
 	if !opts.Unbatched {
 		p.batches = newBatchers(p, opts)
 	}
-	return p, nil
+	return p
 }
 
 // statementCacheCapacity bounds the statements a connection keeps
@@ -505,10 +494,8 @@ type fingerprintColumn struct {
 }
 
 func (c *fingerprintColumn) ScanBytes(v []byte) error {
-	c.n = copy(c.fp[:], v)
-	if len(v) != len(c.fp) {
-		c.n = len(v)
-	}
+	c.n = len(v)
+	copy(c.fp[:], v)
 	return nil
 }
 

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,37 +91,8 @@ func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if err := check.Validate(); err != nil {
 		return nil, err
 	}
-	if opts.MaxBatch == 0 {
-		opts.MaxBatch = 64
-	}
-	if opts.BatchesInFlight == 0 {
-		opts.BatchesInFlight = 1
-	}
-	if opts.StatementTimeout <= 0 {
-		opts.StatementTimeout = 2 * time.Second
-	}
-	if opts.LockGrace <= 0 {
-		opts.LockGrace = time.Hour
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	opTimeout := opts.OpTimeout
-	if opTimeout <= 0 {
-		opTimeout = opts.StatementTimeout + max(opts.StatementTimeout/2, 100*time.Millisecond)
-	}
-	p := &Store{
-		pool:       pool,
-		opTimeout:  opTimeout,
-		graceUS:    opts.LockGrace.Microseconds(),
-		log:        opts.Logger,
-		borrowPool: true,
-		citus:      opts.Citus,
-		sql:        newPlans(),
-	}
-	if !opts.Unbatched {
-		p.batches = newBatchers(p, opts)
-	}
+	p := newStore(pool, opts.withDefaults())
+	p.borrowPool = true
 	return p, nil
 }
 
