@@ -30,6 +30,15 @@ import (
 // cache (bounded by New: statementCacheCapacity) deallocates the older
 // ones; connections are replaced after an hour (pgxpool's
 // MaxConnLifetime), and with them the epochs they held.
+//
+// New's connections also set plan_cache_mode to force_generic_plan. Left
+// to choose, Postgres plans a prepared statement for its parameters the
+// first five times, then keeps doing so while those plans cost less than
+// the generic one. In a custom plan the planner knows the arrays' lengths;
+// in the generic one it assumes ten elements. So a tenant whose batches
+// stay under about ten operations had its batched completions planned on
+// every execution, at 0.1–0.2 ms of the database's CPU a statement:
+// as much as the completions themselves.
 
 // replanEpochs bounds how often a statement is planned again: after 2^24
 // operations the table has long been as large as it gets.

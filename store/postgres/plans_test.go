@@ -128,3 +128,64 @@ func TestCacheCapacity(t *testing.T) {
 		t.Errorf("on Citus with batches of 1000: %d, want %d", got, statementCacheCapacity+1000)
 	}
 }
+
+// TestSmallBatchesAreNotPlannedEachTime: a batched statement of a few
+// operations is served from its prepared plan, not planned again on each
+// execution. Left to choose (plan_cache_mode auto), Postgres plans a
+// prepared statement for its parameters the first five times, and goes on
+// doing so for as long as those plans cost less than the generic one,
+// which for a batched completion is as long as the batches stay under
+// about ten operations: planning then costs about as much database CPU as
+// the completions themselves.
+func TestSmallBatchesAreNotPlannedEachTime(t *testing.T) {
+	pgtest.SkipIfPooled(t, "the pooler's exec mode prepares nothing, so every statement is planned")
+	if pgtest.Citus() {
+		t.Skip("Citus plans each shard's statement on its worker; the store leaves plan_cache_mode to it")
+	}
+	dbURL := pgtest.MigratedSchema(t)
+	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer p.Close()
+	tenant := uuid.New()
+	// Three callers at a time on one connection: statements of one to
+	// three operations.
+	const callers, each = 3, 40
+	errs := make(chan error, callers)
+	for g := range callers {
+		go func() {
+			for i := range each {
+				c := storetest.NewClaim(tenant, fmt.Sprintf("k%d-%03d", g, i), "body")
+				res, err := p.Claim(t.Context(), c)
+				if err == nil && !res.Claimed {
+					err = fmt.Errorf("key %s not claimed: %+v", c.Key, res)
+				}
+				if err == nil {
+					err = p.Complete(t.Context(), idemproxy.Completion{Tenant: tenant, Key: c.Key, Owner: c.Owner, Status: 201, TTL: time.Hour})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int64
+	if err := p.pool.QueryRow(t.Context(), `SELECT COALESCE(sum(generic_plans), 0), COALESCE(sum(custom_plans), 0)
+		FROM pg_prepared_statements WHERE statement LIKE '%unnest(%'`).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic == 0 {
+		t.Fatalf("no batched statement of more than one operation ran from a prepared plan (custom plans: %d)", custom)
+	}
+	if custom != 0 {
+		t.Errorf("batched statements were planned for their parameters %d times (and run from their prepared plan %d times), want never", custom, generic)
+	}
+}

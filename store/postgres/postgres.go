@@ -157,6 +157,9 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	sendsTimeout := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
 	if sendsTimeout {
 		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+		if _, set := params["plan_cache_mode"]; !set && !opts.Citus {
+			params["plan_cache_mode"] = "force_generic_plan"
+		}
 	}
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"

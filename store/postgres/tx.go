@@ -78,7 +78,9 @@ func TxFrom(ctx context.Context) (pgx.Tx, bool) {
 // table grows (as with New), leaving earlier texts prepared on the
 // pool's connections: set the pool's ConnConfig.StatementCacheCapacity
 // (pgx's default is 512) to bound the server memory they hold, as New
-// bounds its own to 48 (48 + MaxBatch on Citus).
+// bounds its own to 48 (48 + MaxBatch on Citus). New also sets
+// plan_cache_mode=force_generic_plan on its connections (see plans.go):
+// set it in the pool's ConnConfig.RuntimeParams too, unless on Citus.
 func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, &idemproxy.ConfigError{Struct: "postgres", Field: "NewFromPool", Reason: "needs a pool, got nil"}
