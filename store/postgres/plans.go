@@ -38,7 +38,8 @@ import (
 // in the generic one it assumes ten elements. So a tenant whose batches
 // stay under about ten operations had its batched completions planned on
 // every execution, at 0.1–0.2 ms of the database's CPU a statement:
-// as much as the completions themselves.
+// as much as the completions themselves. The purge, off the request path,
+// is planned on every run instead (Purge).
 
 // replanEpochs bounds how often a statement is planned again: after 2^24
 // operations the table has long been as large as it gets.

@@ -23,7 +23,12 @@ func (p *Store) Purge(ctx context.Context, batch int) (int64, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	tag, err := p.pool.Exec(ctx, purgeSQL, batch)
+	// Planned for this batch and this table every time (an unnamed
+	// statement), not prepared: a generic plan knows neither the LIMIT
+	// nor, if it was made on a small table, that a hash join reading the
+	// whole table is now the dearest way to delete a batch. Once a minute
+	// the planning costs nothing.
+	tag, err := p.pool.Exec(ctx, purgeSQL, pgx.QueryExecModeExec, batch)
 	if err != nil {
 		return 0, pgerr.Failure("purge", err)
 	}

@@ -218,3 +218,57 @@ func TestPostgresPurgeConcurrently(t *testing.T) {
 		t.Errorf("purges deleted %d rows in all, want 500", got)
 	}
 }
+
+// TestPurgePlanFollowsTheTable: a connection whose first purge ran on an
+// empty table purges the large table it finds later through its indexes,
+// not by reading the whole table for each batch, as the plan made on the
+// empty table (and kept by a prepared statement) would.
+func TestPurgePlanFollowsTheTable(t *testing.T) {
+	if pgtest.Citus() {
+		t.Skip("Citus purges with purgeAllSQL, planned on its workers")
+	}
+	dbURL := pgtest.MigratedSchema(t)
+	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer p.Close()
+	ctx := t.Context()
+	if n, err := p.Purge(ctx, 100); err != nil || n != 0 {
+		t.Fatalf("Purge of the empty table: %d, %v", n, err)
+	}
+	// The table's counters, once its backends have reported at least want
+	// of column (a backend reports when idle for a second, or ten, and
+	// when it exits).
+	stat := func(column string, want int64) int64 {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			got := pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(`+column+`), 0) FROM pg_stat_user_tables
+				WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
+			if got >= want {
+				return pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+					WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the table's backends did not report %s of %d within 30s (%d)", column, want, got)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Records that expired an hour ago, of 100 tenants.
+	const rows, batch = 50000, 100
+	pgtest.Exec(t, dbURL, `INSERT INTO idempotency_keys (tenant_id, key, command_id, command_type, state,
+		owner_token, fingerprint, created_at, expires_at, status)
+		SELECT ('00000000-0000-0000-0000-' || lpad((i % 100)::text, 12, '0'))::uuid, 'k' || i, gen_random_uuid(), 'POST /x',
+			'succeeded', gen_random_uuid(), decode(repeat('ab', 32), 'hex'), now() - interval '2 hours',
+			now() - interval '1 hour', 201
+		FROM generate_series(1, $1) AS i`, rows)
+	before := stat("n_tup_ins", rows)
+	if n, err := p.Purge(ctx, batch); err != nil || n != batch {
+		t.Fatalf("Purge: %d, %v; want %d rows", n, err, batch)
+	}
+	p.Close()
+	if read := stat("n_tup_del", batch) - before; read > rows/10 {
+		t.Errorf("purging %d of %d rows read %d rows in sequence: the purge kept a plan made on the empty table", batch, rows, read)
+	}
+}
