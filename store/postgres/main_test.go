@@ -26,6 +26,25 @@ func newTestPostgres(t testing.TB, opts Options) *Store {
 	return p
 }
 
+// waitTableStat waits until the table's counters in pg_stat_user_tables
+// (summed over its partitions) show at least want in column: a backend
+// reports them when idle for a second, or ten, and when it exits.
+func waitTableStat(t testing.TB, dbURL, column string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(`+column+`), 0) FROM pg_stat_user_tables
+			WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the table's backends did not report %s of %d within 30s (%d)", column, want, got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // ageRow makes (tenant, key) at dbURL look old: a lock's lease ended a
 // second ago, a record expired a second ago. With purgeable, a lock is
 // also past its grace, so Purge deletes either.

@@ -46,23 +46,11 @@ func TestPlansFollowTheTable(t *testing.T) {
 		t.Skip("Citus plans each shard's statement on its worker, where these counters are not")
 	}
 	dbURL := pgtest.MigratedSchema(t)
-	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1, Unbatched: true})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	defer p.Close()
+	p := newTestPostgres(t, Options{URL: dbURL, MaxConns: 1, Unbatched: true})
 	tenant := uuid.New()
-	// The counters of the backend: it reports them when idle for a second
-	// (or ten) and when it exits.
+	// The listing index's reads once the backend reported updates.
 	counters := func(updates int64) (read int64) {
-		deadline := time.Now().Add(30 * time.Second)
-		for pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(n_tup_upd), 0) FROM pg_stat_user_tables
-			WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`) < updates {
-			if time.Now().After(deadline) {
-				t.Fatalf("the store's backend did not report %d updates within 30s", updates)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitTableStat(t, dbURL, "n_tup_upd", updates)
 		return pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
 			WHERE schemaname = current_schema() AND indexrelname LIKE 'idempotency_keys%tenant_created%'`)
 	}
@@ -142,12 +130,7 @@ func TestSmallBatchesAreNotPlannedEachTime(t *testing.T) {
 	if pgtest.Citus() {
 		t.Skip("Citus plans each shard's statement on its worker; the store leaves plan_cache_mode to it")
 	}
-	dbURL := pgtest.MigratedSchema(t)
-	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	defer p.Close()
+	p := newTestPostgres(t, Options{URL: pgtest.MigratedSchema(t), MaxConns: 1})
 	tenant := uuid.New()
 	// Three callers at a time on one connection: statements of one to
 	// three operations.

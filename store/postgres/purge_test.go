@@ -228,32 +228,16 @@ func TestPurgePlanFollowsTheTable(t *testing.T) {
 		t.Skip("Citus purges with purgeAllSQL, planned on its workers")
 	}
 	dbURL := pgtest.MigratedSchema(t)
-	p, err := New(t.Context(), Options{URL: dbURL, MaxConns: 1})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	defer p.Close()
+	p := newTestPostgres(t, Options{URL: dbURL, MaxConns: 1})
 	ctx := t.Context()
 	if n, err := p.Purge(ctx, 100); err != nil || n != 0 {
 		t.Fatalf("Purge of the empty table: %d, %v", n, err)
 	}
-	// The table's counters, once its backends have reported at least want
-	// of column (a backend reports when idle for a second, or ten, and
-	// when it exits).
+	// The rows read in sequence once the backends reported want of column.
 	stat := func(column string, want int64) int64 {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			got := pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(`+column+`), 0) FROM pg_stat_user_tables
-				WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
-			if got >= want {
-				return pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(seq_tup_read), 0) FROM pg_stat_user_tables
-					WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the table's backends did not report %s of %d within 30s (%d)", column, want, got)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitTableStat(t, dbURL, column, want)
+		return pgtest.Query[int64](t, dbURL, `SELECT COALESCE(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+			WHERE schemaname = current_schema() AND relname LIKE 'idempotency_keys%'`)
 	}
 	// Records that expired an hour ago, of 100 tenants.
 	const rows, batch = 50000, 100
