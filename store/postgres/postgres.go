@@ -154,9 +154,14 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
 	params := cfg.ConnConfig.RuntimeParams
-	sendsTimeout := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
-	if sendsTimeout {
+	// In pgx's default mode each connection prepares its statements and
+	// talks to Postgres itself; the other modes are for a transaction-mode
+	// pooler, which refuses run-time parameters at connect.
+	prepares := cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	if prepares {
 		params["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+		// Prepared statements keep their generic plans (plans.go); Citus
+		// plans on its workers.
 		if _, set := params["plan_cache_mode"]; !set && !opts.Citus {
 			params["plan_cache_mode"] = "force_generic_plan"
 		}
@@ -175,7 +180,7 @@ func New(_ context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: postgres pool: %v", err)
 	}
 	p := newStore(pool, opts)
-	p.sendsTimeout = sendsTimeout
+	p.sendsTimeout = prepares
 	return p, nil
 }
 
