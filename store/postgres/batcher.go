@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,10 +49,14 @@ func (o *batchOp[Req, Res]) abandoned() bool { return o.state.Load() == opAbando
 // tenant: every batch carries operations of one tenant only, so that each
 // statement touches one tenant's rows (one partition, one shard). An
 // operation that finds fewer than maxInFlight batches of its tenant
-// running is sent at once, in a batch of its own; one that finds them all
-// busy waits in its tenant's queue, and that tenant's next batch is
-// everything that queued meanwhile (at most maxSize). Nothing ever waits
-// on a timer, and one tenant's queue never holds up another's. Batches
+// running starts one: it yields to the goroutines ready to run
+// (runtime.Gosched, which returns at once when there are none), then
+// sends everything its tenant queued meanwhile, itself first. Callers a
+// batch answered come back together, and without the yield the first of
+// them would go alone and the rest in a second statement. One that finds
+// them all busy waits in its tenant's queue, and that tenant's next batch
+// is everything that queued meanwhile (at most maxSize). Nothing ever
+// waits on a timer, and one tenant's queue never holds up another's. Batches
 // run on goroutines of their own, each going on with its tenant's next
 // batch while that queue is not empty, so that a caller can stop waiting
 // when its context ends; a caller whose context cannot end (Done is nil,
@@ -97,14 +102,16 @@ func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, tenan
 		b.lanes[tenant] = lane
 	}
 	lane.queue = append(lane.queue, o)
-	var batch []*batchOp[Req, Res]
-	if lane.inFlight < b.maxInFlight {
-		batch = lane.take(b.maxSize)
-		if len(batch) > 0 {
-			lane.inFlight++
-		}
+	lead := lane.inFlight < b.maxInFlight
+	if lead {
+		lane.inFlight++
 	}
 	b.mu.Unlock()
+	var batch []*batchOp[Req, Res]
+	if lead {
+		runtime.Gosched()
+		batch = b.next(tenant, lane)
+	}
 	if len(batch) > 0 && ctx.Done() == nil {
 		b.observe(batch)
 		b.run(batch)

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -129,4 +130,62 @@ func testBatcherAnswers(t *testing.T, inFlight int, cancellable bool) {
 	}
 	t.Logf("%d operations in %d batches (%.1f a batch), %d wrong answers",
 		callers*perCaller, batches.Load(), float64(callers*perCaller)/float64(batches.Load()), wrong.Load())
+}
+
+// TestBatcherCallersReadyTogetherGoTogether starts callers that become
+// ready to run at the same moment, as the callers a batch answered do
+// when they come back with their next operation, on one P so that the
+// scheduler's order is the only thing that decides: the first of them,
+// finding its tenant idle, lets the others queue before it sends, so
+// they go in one batch or two, not the first alone and the rest after
+// it (or, with a batch that needs no wait, each alone). Both kinds of
+// caller are covered: one whose context cannot end runs the batch
+// itself, one whose context can hands it to a goroutine.
+func TestBatcherCallersReadyTogetherGoTogether(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for _, cancellable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cancellable=%v", cancellable), func(t *testing.T) {
+			const callers = 30
+			var mu sync.Mutex
+			var sizes []int
+			b := &batcher[testReq, string]{op: "complete", maxSize: 64, maxInFlight: 1}
+			b.run = func(ops []*batchOp[testReq, string]) {
+				mu.Lock()
+				sizes = append(sizes, len(ops))
+				mu.Unlock()
+				for _, o := range ops {
+					o.finish("ok", nil)
+				}
+			}
+			tenant := uuid.New()
+			ready := make(chan struct{})
+			var wg sync.WaitGroup
+			for n := range callers {
+				wg.Go(func() {
+					ctx := context.Background()
+					if cancellable {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithCancel(ctx)
+						defer cancel()
+					}
+					<-ready
+					if res, err := b.do(ctx, time.Minute, tenant, testReq{tenant: tenant, n: n}); err != nil || res != "ok" {
+						t.Errorf("op %d: got %q, %v", n, res, err)
+					}
+				})
+			}
+			// Let every caller block on ready before they all wake.
+			for runtime.NumGoroutine() < callers+2 {
+				runtime.Gosched()
+			}
+			time.Sleep(10 * time.Millisecond)
+			close(ready)
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if len(sizes) > 2 {
+				t.Errorf("%d callers ready together went in %d batches %v, want 1 or 2", callers, len(sizes), sizes)
+			}
+		})
+	}
 }
