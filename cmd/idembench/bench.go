@@ -621,8 +621,8 @@ func serverProgress(f cpuFigures) string {
 		fmt.Fprintf(&b, " (server %.1f)", f.ServerCPUUsPerReq)
 	}
 	if f.Batches != nil && f.Batches.OpsPerStatement > 0 {
-		fmt.Fprintf(&b, "  ops/stmt claim %.1f complete %.1f, queue p99 %.2fms",
-			f.Batches.ClaimOpsPerStatement, f.Batches.CompleteOpsPerStatement, f.Batches.QueueP99Ms)
+		fmt.Fprintf(&b, "  ops/stmt claim %.1f complete %.1f, %.0f%% of statements alone, queue p99 %.2fms",
+			f.Batches.ClaimOpsPerStatement, f.Batches.CompleteOpsPerStatement, 100*f.Batches.AloneShare, f.Batches.QueueP99Ms)
 	}
 	return b.String()
 }

@@ -466,6 +466,7 @@ func medianFigures(runs []measurement) cpuFigures {
 	b.ClaimOpsPerStatement = batch(func(s *batchStats) float64 { return s.ClaimOpsPerStatement })
 	b.CompleteOpsPerStatement = batch(func(s *batchStats) float64 { return s.CompleteOpsPerStatement })
 	b.OpsPerStatement = batch(func(s *batchStats) float64 { return s.OpsPerStatement })
+	b.AloneShare = batch(func(s *batchStats) float64 { return s.AloneShare })
 	b.QueueP50Ms = batch(func(s *batchStats) float64 { return s.QueueP50Ms })
 	b.QueueP99Ms = batch(func(s *batchStats) float64 { return s.QueueP99Ms })
 	f.Batches = b
@@ -749,17 +750,20 @@ func (r *Report) databaseTable() table {
 	t := table{
 		title: "Postgres: CPU per command and group commit (database = its backends serving the run + background processes)",
 		columns: []string{"run", "clients", "req/s or cmd/s", "process µs", "database µs", "backends µs", "background µs",
-			"claim ops/stmt", "complete ops/stmt", "queue p50 ms", "queue p99 ms"},
+			"claim ops/stmt", "complete ops/stmt", "stmts of 1 op", "queue p50 ms", "queue p99 ms"},
 		left: 1,
 	}
 	add := func(name string, clients int, rate float64, f cpuFigures) {
-		row := []string{name, strconv.Itoa(clients), fmt.Sprintf("%.0f", rate), cpuString(f.ProcessCPUUsPerReq), cpuString(f.ServerCPUUsPerReq), "-", "-", "-", "-", "-", "-"}
+		row := []string{name, strconv.Itoa(clients), fmt.Sprintf("%.0f", rate), cpuString(f.ProcessCPUUsPerReq), cpuString(f.ServerCPUUsPerReq), "-", "-", "-", "-", "-", "-", "-"}
 		if f.ServerCPUUsPerReq > 0 {
 			row[5], row[6] = fmt.Sprintf("%.1f", f.PGBackendCPUUsPerReq), fmt.Sprintf("%.1f", f.PGBackgroundCPUUsPerReq)
 		}
 		if b := f.Batches; b != nil {
 			row[7], row[8] = opsString(b.ClaimOpsPerStatement), opsString(b.CompleteOpsPerStatement)
-			row[9], row[10] = fmt.Sprintf("%.3f", b.QueueP50Ms), fmt.Sprintf("%.3f", b.QueueP99Ms)
+			if b.OpsPerStatement > 0 {
+				row[9] = fmt.Sprintf("%.0f %%", 100*b.AloneShare)
+			}
+			row[10], row[11] = fmt.Sprintf("%.3f", b.QueueP50Ms), fmt.Sprintf("%.3f", b.QueueP99Ms)
 		}
 		t.rows = append(t.rows, row)
 	}

@@ -261,8 +261,8 @@ type batchObserver struct {
 }
 
 type opBatches struct {
-	statements, operations int
-	waits                  []time.Duration
+	statements, operations, alone int
+	waits                         []time.Duration
 }
 
 func (b *batchObserver) get(op string) *opBatches {
@@ -283,6 +283,9 @@ func (b *batchObserver) observeBatch(op string, size int) {
 	o := b.get(op)
 	o.statements++
 	o.operations += size
+	if size == 1 {
+		o.alone++
+	}
 	b.mu.Unlock()
 }
 
@@ -302,15 +305,16 @@ func (b *batchObserver) take() *batchStats {
 	b.mu.Unlock()
 	s := &batchStats{Statements: map[string]int{}, Operations: map[string]int{}}
 	var all []time.Duration
-	var stmts, n int
+	var stmts, n, alone int
 	for op, o := range ops {
 		s.Statements[op], s.Operations[op] = o.statements, o.operations
-		stmts, n = stmts+o.statements, n+o.operations
+		stmts, n, alone = stmts+o.statements, n+o.operations, alone+o.alone
 		all = append(all, o.waits...)
 	}
 	s.ClaimOpsPerStatement = perStatement(s.Operations["claim"], s.Statements["claim"])
 	s.CompleteOpsPerStatement = perStatement(s.Operations["complete"], s.Statements["complete"])
 	s.OpsPerStatement = perStatement(n, stmts)
+	s.AloneShare = perStatement(alone, stmts)
 	slices.Sort(all)
 	s.QueueP50Ms, s.QueueP99Ms = ms(percentile(all, 0.50)), ms(percentile(all, 0.99))
 	return s
@@ -332,8 +336,10 @@ type batchStats struct {
 	Operations              map[string]int `json:"operations"`
 	ClaimOpsPerStatement    float64        `json:"claim_ops_per_statement"`
 	CompleteOpsPerStatement float64        `json:"complete_ops_per_statement"`
-	// OpsPerStatement is over every kind.
+	// OpsPerStatement is over every kind, and so is AloneShare: the
+	// share of statements that carried a single operation.
 	OpsPerStatement float64 `json:"ops_per_statement"`
+	AloneShare      float64 `json:"alone_share"`
 	// QueueP50Ms and QueueP99Ms are over every batched operation.
 	QueueP50Ms float64 `json:"queue_p50_ms"`
 	QueueP99Ms float64 `json:"queue_p99_ms"`

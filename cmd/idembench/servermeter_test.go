@@ -62,8 +62,8 @@ func TestBatchObserver(t *testing.T) {
 	}
 	s := b.take()
 	if s.Statements["claim"] != 2 || s.Operations["claim"] != 4 || s.ClaimOpsPerStatement != 2 || s.CompleteOpsPerStatement != 4 ||
-		s.OpsPerStatement != 8.0/3 {
-		t.Errorf("stats %+v; want 2 claim statements of 4 operations, one complete of 4", s)
+		s.OpsPerStatement != 8.0/3 || s.AloneShare != 1.0/3 {
+		t.Errorf("stats %+v; want 2 claim statements of 4 operations (one alone), one complete of 4", s)
 	}
 	if s.QueueP50Ms != 1 || s.QueueP99Ms != 10 {
 		t.Errorf("queue p50 %.3f ms, p99 %.3f ms; want 1 and 10", s.QueueP50Ms, s.QueueP99Ms)
