@@ -159,7 +159,8 @@ func TestBatcherCallersReadyTogetherGoTogether(t *testing.T) {
 			}
 			tenant := uuid.New()
 			ready := make(chan struct{})
-			var wg sync.WaitGroup
+			var started, wg sync.WaitGroup
+			started.Add(callers)
 			for n := range callers {
 				wg.Go(func() {
 					ctx := context.Background()
@@ -168,6 +169,7 @@ func TestBatcherCallersReadyTogetherGoTogether(t *testing.T) {
 						ctx, cancel = context.WithCancel(ctx)
 						defer cancel()
 					}
+					started.Done()
 					<-ready
 					if res, err := b.do(ctx, time.Minute, tenant, testReq{tenant: tenant, n: n}); err != nil || res != "ok" {
 						t.Errorf("op %d: got %q, %v", n, res, err)
@@ -175,9 +177,7 @@ func TestBatcherCallersReadyTogetherGoTogether(t *testing.T) {
 				})
 			}
 			// Let every caller block on ready before they all wake.
-			for runtime.NumGoroutine() < callers+2 {
-				runtime.Gosched()
-			}
+			started.Wait()
 			time.Sleep(10 * time.Millisecond)
 			close(ready)
 			wg.Wait()
