@@ -49,14 +49,15 @@ func (o *batchOp[Req, Res]) abandoned() bool { return o.state.Load() == opAbando
 // tenant: every batch carries operations of one tenant only, so that each
 // statement touches one tenant's rows (one partition, one shard). An
 // operation that finds fewer than maxInFlight batches of its tenant
-// running starts one: it yields to the goroutines ready to run
-// (runtime.Gosched, which returns at once when there are none), then
-// sends everything its tenant queued meanwhile, itself first. Callers a
-// batch answered come back together, and without the yield the first of
-// them would go alone and the rest in a second statement. One that finds
-// them all busy waits in its tenant's queue, and that tenant's next batch
-// is everything that queued meanwhile (at most maxSize). Nothing ever
-// waits on a timer, and one tenant's queue never holds up another's. Batches
+// running queues and yields to the goroutines ready to run
+// (runtime.Gosched, which returns at once when there are none); the first
+// such caller to run again, while its tenant is still short of batches,
+// sends everything the tenant queued meanwhile (at most maxSize). Callers
+// a batch answered come back together, and without the yield the first
+// of them would go alone and the rest in a second statement. One that
+// finds them all busy waits in its tenant's queue, and that tenant's next
+// batch is everything that queued meanwhile. Nothing ever waits on a
+// timer, and one tenant's queue never holds up another's. Batches
 // run on goroutines of their own, each going on with its tenant's next
 // batch while that queue is not empty, so that a caller can stop waiting
 // when its context ends; a caller whose context cannot end (Done is nil,
@@ -102,15 +103,12 @@ func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, tenan
 		b.lanes[tenant] = lane
 	}
 	lane.queue = append(lane.queue, o)
-	lead := lane.inFlight < b.maxInFlight
-	if lead {
-		lane.inFlight++
-	}
+	idle := lane.inFlight < b.maxInFlight
 	b.mu.Unlock()
 	var batch []*batchOp[Req, Res]
-	if lead {
+	if idle {
 		runtime.Gosched()
-		batch = b.next(tenant, lane)
+		batch = b.start(tenant, lane)
 	}
 	if len(batch) > 0 && ctx.Done() == nil {
 		b.observe(batch)
@@ -163,6 +161,30 @@ func (l *batchLane[Req, Res]) take(maxSize int) []*batchOp[Req, Res] {
 	n := copy(l.queue, l.queue[i:])
 	clear(l.queue[n:])
 	l.queue = l.queue[:n]
+	return batch
+}
+
+// start takes the lane's next batch for a caller that found the lane
+// short of runners and yielded, making the caller one of them, if the
+// lane still is short: a caller does not hold a runner's slot while it
+// waits to be scheduled again, so whichever caller runs first sends what
+// the others queued. It takes nothing when a runner took the caller's
+// operation meanwhile, or when the lane's runners are all busy again (one
+// of them takes it next).
+func (b *batcher[Req, Res]) start(tenant uuid.UUID, lane *batchLane[Req, Res]) []*batchOp[Req, Res] {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lanes[tenant] != lane || lane.inFlight >= b.maxInFlight {
+		return nil
+	}
+	batch := lane.take(b.maxSize)
+	switch {
+	case len(batch) > 0:
+		lane.inFlight++
+	case lane.inFlight == 0:
+		// take left the queue empty and nothing runs: forget the lane.
+		delete(b.lanes, tenant)
+	}
 	return batch
 }
 
