@@ -88,12 +88,12 @@ type Options struct {
 	// BatchesInFlight bounds how many statements of one kind (claim,
 	// complete or release) run at once for one tenant; every batched
 	// statement carries operations of one tenant only. An operation that
-	// finds fewer of its tenant's running starts one, once the goroutines
+	// finds fewer of its tenant's running starts one once the goroutines
 	// ready to run have had their turn, with whatever of its tenant queued
 	// meanwhile (alone if nothing did); one that finds them all running
 	// waits and goes with everything else of its tenant that queued
-	// meanwhile in the tenant's next statement of its kind. Different tenants' statements run side by side, bounded only
-	// by MaxConns. Zero means 1: on a database that shares the machine's
+	// meanwhile in the tenant's next statement of its kind. Different
+	// tenants' statements run side by side, bounded only by MaxConns. Zero means 1: on a database that shares the machine's
 	// cores, fuller statements cost less per operation than a second
 	// statement running beside the first saves in waiting. A statement
 	// that waits on a row lock (another transaction's claim of one of
