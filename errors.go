@@ -13,6 +13,9 @@ var (
 	// token: it expired and was claimed again, or was deleted, released
 	// or completed.
 	ErrNotOwner = errors.New("idempotency: lock not held by this owner")
+	// ErrNotHeld means Resolve found an entry that is not a held key, or
+	// the key of another command.
+	ErrNotHeld = errors.New("idempotency: key not held as outcome unknown")
 	// ErrUnavailable wraps any failure to reach or use the store. Keyed
 	// requests fail closed with 503 when they meet it.
 	ErrUnavailable = errors.New("idempotency: store unavailable")

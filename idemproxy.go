@@ -22,8 +22,9 @@ import (
 	"github.com/google/uuid"
 )
 
-// State says whether an entry is a lock held by an in-flight command or the
-// record of a command that succeeded.
+// State says whether an entry is a lock held by an in-flight command, the
+// record of a command that succeeded, or a held key: a command whose
+// outcome can no longer be learnt.
 type State uint8
 
 const (
@@ -31,6 +32,12 @@ const (
 	StateInFlight State = iota + 1
 	// StateSucceeded marks a record: the upstream answered 2xx.
 	StateSucceeded
+	// StateUnknown marks a held key: the command was sent and its
+	// outcome can no longer be learnt (the connection broke off, no
+	// answer came in time). It has no owner and no lease; it is never
+	// taken over, and lives until its expiry, or until an operator frees
+	// it (Store.Delete) or records it as succeeded (Store.Resolve).
+	StateUnknown
 )
 
 // String returns the name used in logs, the admin API and the database.
@@ -40,16 +47,29 @@ func (s State) String() string {
 		return "in_flight"
 	case StateSucceeded:
 		return "succeeded"
-	default:
+	case StateUnknown:
 		return "unknown"
+	default:
+		return "invalid"
 	}
+}
+
+// ParseState reads a State's name, as String spells it.
+func ParseState(name string) (State, bool) {
+	for _, s := range []State{StateInFlight, StateSucceeded, StateUnknown} {
+		if name == s.String() {
+			return s, true
+		}
+	}
+	return 0, false
 }
 
 // Fingerprint is the SHA-256 of a request: method, path, raw query and body.
 type Fingerprint [sha256.Size]byte
 
 // Entry is what a store holds for one (tenant, key): a lock while the
-// command is in flight, a record once it succeeded.
+// command is in flight, a record once it succeeded, a held key when its
+// outcome is unknown.
 type Entry struct {
 	Tenant      uuid.UUID
 	Key         string
@@ -57,10 +77,12 @@ type Entry struct {
 	CommandID   uuid.UUID
 	CommandType string
 	Fingerprint Fingerprint
-	// CreatedAt is when the lock was claimed or, for a record, when the
-	// record was written (the command's success).
+	// CreatedAt is when the lock was claimed (for a held key too: the
+	// time of the attempt) or, for a record, when the record was written
+	// (the command's success).
 	CreatedAt time.Time
-	// ExpiresAt is when the lease ends (lock) or the record stops replaying.
+	// ExpiresAt is when the lease ends (lock), the record stops replaying
+	// or the held key is let go.
 	ExpiresAt time.Time
 	// Remaining is ExpiresAt minus the store's own clock at the time of the
 	// call, so callers never compare their clock with the database's.
@@ -108,6 +130,30 @@ type Completion struct {
 	Owner    uuid.UUID
 	Status   int
 	Response *Response
+	// TTL is how long the record replays, counted from the store's clock.
+	TTL time.Duration
+}
+
+// Holding turns the lock held by Owner into a held key (StateUnknown).
+type Holding struct {
+	Tenant uuid.UUID
+	Key    string
+	Owner  uuid.UUID
+	// TTL is how long the key stays held, counted from the store's clock.
+	TTL time.Duration
+}
+
+// Resolution records a held key as succeeded: an operator's word that
+// its command took effect.
+type Resolution struct {
+	Tenant uuid.UUID
+	Key    string
+	// CommandID, when not uuid.Nil, must be the held command's: the key
+	// is not resolved if it was freed and held again for another command
+	// since the operator looked.
+	CommandID uuid.UUID
+	// Status is the record's status code, 100–599.
+	Status int
 	// TTL is how long the record replays, counted from the store's clock.
 	TTL time.Duration
 }

@@ -21,6 +21,10 @@ type ListOptions struct {
 	// After continues a listing where the page that returned it as Next
 	// ended. Nil starts with the newest entry.
 	After *Cursor
+	// Held lists only the held keys (StateUnknown). Its page costs as
+	// much as a page of every entry: each store keeps the held keys
+	// indexed apart.
+	Held bool
 }
 
 // PageLimit returns o.Limit bounded as its comment says.

@@ -46,6 +46,21 @@ type Store interface {
 	// Release drops the lock held by owner, or fails with ErrNotOwner. A
 	// record is never released.
 	Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error
+	// Hold turns the lock held by h.Owner into a held key (StateUnknown),
+	// even after its lease ended if no one claimed the key since, or
+	// fails with ErrNotOwner as Complete does. The held key keeps the
+	// lock's command id, type, fingerprint and CreatedAt, has no owner
+	// and no lease, and lives h.TTL from now by the store's clock: until
+	// then a Claim meets it (Claimed false) however many leases pass,
+	// Lookup and List return it, and only Delete or Resolve change it.
+	Hold(ctx context.Context, h Holding) error
+	// Resolve turns the held key (r.Tenant, r.Key) into a record with
+	// r.Status, without a stored response, that replays for r.TTL from
+	// now by the store's clock; its CreatedAt becomes now. It fails with
+	// ErrNotFound when no live entry is there, and with ErrNotHeld when
+	// the entry is not a held key or, r.CommandID being set, not that
+	// command's.
+	Resolve(ctx context.Context, r Resolution) error
 	// Renew moves the end of the lease of the lock held by owner to lease
 	// from now by the store's clock, or fails with ErrNotOwner (the lock
 	// was claimed again, deleted, released or completed). A lock whose
@@ -60,8 +75,9 @@ type Store interface {
 	// use), or fails with ErrNotFound.
 	Delete(ctx context.Context, tenant uuid.UUID, key string) error
 	// List returns one page of tenant's live entries (admin use): the
-	// locks whose lease has not ended and the records that still replay,
-	// exactly what Lookup would return, never an ended or another
+	// locks whose lease has not ended, the records that still replay and
+	// the held keys, exactly what Lookup would return (only the held
+	// keys with opts.Held), never an ended or another
 	// tenant's entry. Entries come newest CreatedAt first; entries with
 	// the same CreatedAt by Key in descending byte order. A page holds at
 	// most opts.PageLimit() entries, each with every field Lookup sets

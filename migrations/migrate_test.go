@@ -155,7 +155,10 @@ func TestMigrateAdoptsLegacyInstall(t *testing.T) {
 		t.Errorf("migrate up ran 00001 again: %+v", res.Ran)
 	}
 	checkSchema(t, dbURL, true)
-	want := []string{"0:true", "1:true", "2:true"}
+	want := []string{"0:true"}
+	for v := 1; v <= migrationCount(t); v++ {
+		want = append(want, fmt.Sprintf("%d:true", v))
+	}
 	if got := versionRows(t, dbURL, "idemproxy_goose_version"); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("idemproxy_goose_version = %v, want %v", got, want)
 	}
@@ -250,8 +253,12 @@ func TestMigrateStatusThenUpOnLegacyInstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	if got := states(status); got != "1:applied 2:pending" {
-		t.Errorf("status = %s, want 00001 applied and 00002 pending", got)
+	want := "1:applied"
+	for v := 2; v <= migrationCount(t); v++ {
+		want += fmt.Sprintf(" %d:pending", v)
+	}
+	if got := states(status); got != want {
+		t.Errorf("status = %s, want %s: 00001 applied and every later one pending", got, want)
 	}
 	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {
 		t.Fatalf("up after status: %v", err)
@@ -294,8 +301,13 @@ func TestMigrateConcurrently(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	if got := states(status); got != "1:applied 2:applied" || status.Version != 2 {
-		t.Errorf("status = %s at version %d, want every migration applied, at version 2", got, status.Version)
+	last := migrationCount(t)
+	var all []string
+	for v := 1; v <= last; v++ {
+		all = append(all, fmt.Sprintf("%d:applied", v))
+	}
+	if got := states(status); got != strings.Join(all, " ") || status.Version != int64(last) {
+		t.Errorf("status = %s at version %d, want every migration applied, at version %d", got, status.Version, last)
 	}
 
 	for v := int64(migrationCount(t)); v > 0; v-- {
@@ -463,8 +475,10 @@ func TestMigrateLogs(t *testing.T) {
 	check("up", res,
 		want{"INFO", "migration applied", map[string]any{"version": 1.0, "file": "00001_idempotency_keys_partitioned.go"}},
 		want{"INFO", "idempotency_keys created partitioned by hash of tenant_id", map[string]any{"partitions": 2.0}},
-		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}})
-	if res.Version != 2 || res.Partitions != 2 || len(res.Ran) != 2 || res.Ran[1].Path != "00002_idempotency_keys_tenant_created_partitioned.go" {
+		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}},
+		want{"INFO", "migration applied", map[string]any{"version": 3.0, "file": "00003_idempotency_keys_held.sql"}},
+		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index_partitioned.go"}})
+	if res.Version != 4 || res.Partitions != 2 || len(res.Ran) != 4 || res.Ran[1].Path != "00002_idempotency_keys_tenant_created_partitioned.go" {
 		t.Errorf("up returned %+v", res)
 	}
 
@@ -472,14 +486,14 @@ func TestMigrateLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("up again", res, want{"INFO", "no migrations to apply", map[string]any{"version": 2.0}})
+	check("up again", res, want{"INFO", "no migrations to apply", map[string]any{"version": 4.0}})
 
 	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Down, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	check("down", res, want{"INFO", "migration rolled back",
-		map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}})
+		map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index_partitioned.go"}})
 
 	plain := pgtest.Schema(t)
 	if _, err := migrations.Migrate(t.Context(), plain, migrations.Up, nil); err != nil {
@@ -492,7 +506,7 @@ func TestMigrateLogs(t *testing.T) {
 	const warning = "idempotency_keys exists and is not partitioned: 4 partitions apply only when the table is created"
 	check("up with partitions on a plain table", res,
 		want{"WARN", warning, map[string]any{"setting": "migrations.Partitions", "partitions": 4.0}},
-		want{"INFO", "no migrations to apply", map[string]any{"version": 2.0}})
+		want{"INFO", "no migrations to apply", map[string]any{"version": 4.0}})
 	if !slices.Equal(res.Warnings, []string{warning}) {
 		t.Errorf("warnings %q, want %q", res.Warnings, warning)
 	}
@@ -506,8 +520,10 @@ func TestMigrateLogs(t *testing.T) {
 	check("up over a legacy install", res,
 		want{"INFO", "recognised an install migrated through goose_db_version; its version recorded in idemproxy_goose_version",
 			map[string]any{"version": 1.0, "version_table": "idemproxy_goose_version", "left_unchanged": "goose_db_version"}},
-		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created.sql"}})
-	if !res.Adopted || res.Version != 2 {
+		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created.sql"}},
+		want{"INFO", "migration applied", map[string]any{"version": 3.0, "file": "00003_idempotency_keys_held.sql"}},
+		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index.sql"}})
+	if !res.Adopted || res.Version != 4 {
 		t.Errorf("up over a legacy install returned %+v", res)
 	}
 }

@@ -35,17 +35,20 @@ func Partitions(n int) Option { return func(o *options) { o.partitions = n } }
 // partitioned table each one touches one partition (see the store's
 // statements); the migrations themselves run unchanged, but for two
 // things a partitioned table needs: 00001's CREATE TABLE gains its
-// PARTITION BY clause and the partitions, and 00002's index is built
-// without CONCURRENTLY, which a partitioned table refuses (and which the
-// empty table a fresh install has just made does not need). Both are
+// PARTITION BY clause and the partitions, and the indexes of 00002 and
+// 00004 are built without CONCURRENTLY, which a partitioned table refuses
+// (on an existing partitioned table the build then holds off writes while
+// it scans the partitions). Both are
 // derived from the files, so there is one schema to maintain;
 // TestPartitionedSchemaMatches checks that the two come out alike.
 const (
 	createTable        = "CREATE TABLE idempotency_keys ("
 	createTableEnd     = "\n);"
 	partitionedVersion = 1
-	concurrentIndex    = 2
 )
+
+// concurrentIndexes are the migrations that build an index CONCURRENTLY.
+var concurrentIndexes = []int64{2, 4}
 
 // partitionedMigrations returns the goose options that replace migrations
 // 00001 and 00002 by their partitioned forms, with n partitions.
@@ -70,21 +73,33 @@ func partitionedMigrations(n int) ([]goose.ProviderOption, error) {
 	for r := range n {
 		fmt.Fprintf(&b, "\nCREATE TABLE idempotency_keys_p%d PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS %d, REMAINDER %d);", r, n, r)
 	}
-	up2, down2, err := sections(concurrentIndex)
-	if err != nil {
-		return nil, err
-	}
-	plain := func(s string) string { return strings.ReplaceAll(s, " CONCURRENTLY", "") }
-
 	m1 := goose.NewGoMigration(partitionedVersion, execTx(b.String()), execTx(down1))
-	m2 := goose.NewGoMigration(concurrentIndex, execTx(plain(up2)), execTx(plain(down2)))
 	// goose wants a Go file's name here: these say what they stand for.
 	m1.Source = "00001_idempotency_keys_partitioned.go"
-	m2.Source = "00002_idempotency_keys_tenant_created_partitioned.go"
+	ms := []*goose.Migration{m1}
+	plain := func(s string) string { return strings.ReplaceAll(s, " CONCURRENTLY", "") }
+	for _, v := range concurrentIndexes {
+		up, down, err := sections(int(v))
+		if err != nil {
+			return nil, err
+		}
+		m := goose.NewGoMigration(v, execTx(plain(up)), execTx(plain(down)))
+		m.Source = strings.TrimSuffix(name(int(v)), ".sql") + "_partitioned.go"
+		ms = append(ms, m)
+	}
 	return []goose.ProviderOption{
-		goose.WithExcludeVersions([]int64{partitionedVersion, concurrentIndex}),
-		goose.WithGoMigrations(m1, m2),
+		goose.WithExcludeVersions(append([]int64{partitionedVersion}, concurrentIndexes...)),
+		goose.WithGoMigrations(ms...),
 	}, nil
+}
+
+// name is the file name of migration version.
+func name(version int) string {
+	names, _ := fs.Glob(FS, fmt.Sprintf("%05d_*.sql", version))
+	if len(names) != 1 {
+		return fmt.Sprintf("%05d.sql", version)
+	}
+	return names[0]
 }
 
 // execTx runs stmts, one or more statements without parameters, in the

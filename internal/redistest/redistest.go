@@ -379,10 +379,14 @@ return #z / 2`
 // store/redis.Store).
 func IndexKey(prefix, tenant string) string { return prefix + "{" + tenant + "}:index" }
 
+// HeldKey is the key of the index of tenant's held keys that a Redis
+// store with key prefix prefix keeps beside IndexKey.
+func HeldKey(prefix, tenant string) string { return prefix + "{" + tenant + "}:held" }
+
 // Age lets d pass, on Redis's clock, for every entry of tenant in a Redis
 // store whose keys begin with prefix, on the server or every master of a
 // cluster: each lease ends and each record expires d sooner, and each was
-// created d earlier, in the entry and in the tenant's index. It returns
+// created d earlier, in the entry and in the tenant's indexes. It returns
 // how many entries it moved.
 func Age(t testing.TB, c redis.UniversalClient, prefix, tenant string, d time.Duration) int {
 	t.Helper()
@@ -393,8 +397,10 @@ func Age(t testing.TB, c redis.UniversalClient, prefix, tenant string, d time.Du
 		n += moved
 		return err
 	})
-	if err == nil {
-		err = c.Eval(context.Background(), ageIndexLua, []string{IndexKey(prefix, tenant)}, d.Microseconds()).Err()
+	for _, idx := range []string{IndexKey(prefix, tenant), HeldKey(prefix, tenant)} {
+		if err == nil {
+			err = c.Eval(context.Background(), ageIndexLua, []string{idx}, d.Microseconds()).Err()
+		}
 	}
 	if err != nil {
 		t.Fatalf("age %q by %s: %v", match, d, err)

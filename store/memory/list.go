@@ -11,35 +11,50 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
-// List returns one page of tenant's live locks and records, newest first,
-// as idemproxy.Store.List describes. It scans every shard, holding one shard's
-// lock at a time, and keeps only a page's worth of entries while it does:
-// its cost grows with the store's size, not with the tenant's.
+// List returns one page of tenant's live locks, records and held keys,
+// newest first, as idemproxy.Store.List describes. It scans every shard,
+// holding one shard's lock at a time, and keeps only a page's worth of
+// entries while it does: its cost grows with the store's size, not with
+// the tenant's. A listing of held keys reads only the held keys' index.
 func (m *Store) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
 	limit := opts.PageLimit()
 	now := m.now().UnixNano()
 	// oldest holds the newest limit+1 candidates seen so far, the oldest
 	// of them on top; the extra one tells whether another page follows.
 	var oldest listHeap
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.m {
-			if k.tenant != tenant || e.expires <= now {
-				continue
-			}
-			c := listed{key: k, entry: e}
-			if opts.After != nil && !opts.After.Precedes(c.createdAt(), k.key) {
-				continue
-			}
-			if len(oldest) <= limit {
-				heap.Push(&oldest, c)
-			} else if listsBefore(c, oldest[0]) {
-				oldest[0] = c
-				heap.Fix(&oldest, 0)
-			}
+	consider := func(k memKey, e memEntry) {
+		if k.tenant != tenant || e.expires <= now || (opts.Held && e.state != idemproxy.StateUnknown) {
+			return
 		}
-		sh.mu.Unlock()
+		c := listed{key: k, entry: e}
+		if opts.After != nil && !opts.After.Precedes(c.createdAt(), k.key) {
+			return
+		}
+		if len(oldest) <= limit {
+			heap.Push(&oldest, c)
+		} else if listsBefore(c, oldest[0]) {
+			oldest[0] = c
+			heap.Fix(&oldest, 0)
+		}
+	}
+	if opts.Held {
+		for _, k := range m.heldKeys(tenant) {
+			sh := m.shard(k.tenant, k.key)
+			sh.mu.Lock()
+			if e, ok := sh.m[k]; ok {
+				consider(k, e)
+			}
+			sh.mu.Unlock()
+		}
+	} else {
+		for i := range m.shards {
+			sh := &m.shards[i]
+			sh.mu.Lock()
+			for k, e := range sh.m {
+				consider(k, e)
+			}
+			sh.mu.Unlock()
+		}
 	}
 	slices.SortFunc(oldest, func(a, b listed) int {
 		if listsBefore(a, b) {
@@ -57,6 +72,17 @@ func (m *Store) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOpt
 		page.Next = idemproxy.CursorAfter(page.Entries[limit-1])
 	}
 	return page, nil
+}
+
+// heldKeys returns tenant's keys in the held keys' index.
+func (m *Store) heldKeys(tenant uuid.UUID) []memKey {
+	m.heldMu.Lock()
+	defer m.heldMu.Unlock()
+	ks := make([]memKey, 0, len(m.held[tenant]))
+	for key := range m.held[tenant] {
+		ks = append(ks, memKey{tenant, key})
+	}
+	return ks
 }
 
 // listed is a candidate entry of a memory listing.

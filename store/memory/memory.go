@@ -75,6 +75,11 @@ type Store struct {
 	// lastSweep is when (store clock, ns) a bound last made every shard
 	// sweep: at most once a second.
 	lastSweep atomic.Int64
+	// held indexes the held keys (StateUnknown), so that listing them
+	// costs what they are, not what the store holds. A shard's mu is
+	// taken before heldMu, never after.
+	heldMu sync.Mutex
+	held   map[uuid.UUID]map[string]struct{}
 }
 
 // EntryOverhead is what one entry counts against MaxBytes besides its
@@ -189,6 +194,7 @@ func New(opts Options) *Store {
 		done:      make(chan struct{}),
 		maxBytes:  opts.MaxBytes,
 		tenantMax: max(opts.TenantMaxEntries, 0),
+		held:      make(map[uuid.UUID]map[string]struct{}),
 	}
 	for i := range m.shards {
 		m.shards[i].m = make(map[memKey]memEntry)
@@ -263,6 +269,9 @@ func (m *Store) sweep(sh *memShard, now, grace int64) (freed int) {
 // sh.mu.
 func (m *Store) drop(sh *memShard, k memKey, e memEntry) {
 	delete(sh.m, k)
+	if e.state == idemproxy.StateUnknown {
+		m.unindexHeld(k)
+	}
 	m.bytes.Add(-entrySize(k, &e))
 	m.tenantGive(k.tenant)
 	sh.unintern(e.commandType)
@@ -442,6 +451,72 @@ func (m *Store) Release(_ context.Context, tenant uuid.UUID, key string, owner u
 		return idemproxy.ErrNotOwner
 	}
 	m.drop(sh, k, e)
+	return nil
+}
+
+// Hold turns the caller's lock into a held key that lives h.TTL from
+// now. It fails with idemproxy.ErrNotOwner if the lock is gone or held by
+// another owner.
+func (m *Store) Hold(_ context.Context, h idemproxy.Holding) error {
+	now := m.now().UnixNano()
+	k := memKey{h.Tenant, h.Key}
+	sh := m.shard(h.Tenant, h.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || e.state != idemproxy.StateInFlight || e.owner != h.Owner {
+		return idemproxy.ErrNotOwner
+	}
+	e.state = idemproxy.StateUnknown
+	e.owner = uuid.Nil
+	e.expires = now + int64(h.TTL)
+	sh.m[k] = e
+	sh.earliest = min(sh.earliest, e.expires)
+	m.heldMu.Lock()
+	if m.held[k.tenant] == nil {
+		m.held[k.tenant] = make(map[string]struct{})
+	}
+	m.held[k.tenant][k.key] = struct{}{}
+	m.heldMu.Unlock()
+	return nil
+}
+
+// unindexHeld drops k from the held keys' index.
+func (m *Store) unindexHeld(k memKey) {
+	m.heldMu.Lock()
+	defer m.heldMu.Unlock()
+	if keys := m.held[k.tenant]; keys != nil {
+		delete(keys, k.key)
+		if len(keys) == 0 {
+			delete(m.held, k.tenant)
+		}
+	}
+}
+
+// Resolve turns a held key into a record with r.Status that replays for
+// r.TTL from now. It fails with idemproxy.ErrNotFound when no live entry
+// is there, and with idemproxy.ErrNotHeld when the entry is not held or
+// is another command's.
+func (m *Store) Resolve(_ context.Context, r idemproxy.Resolution) error {
+	now := m.now().UnixNano()
+	k := memKey{r.Tenant, r.Key}
+	sh := m.shard(r.Tenant, r.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	switch {
+	case !ok || e.expires <= now:
+		return idemproxy.ErrNotFound
+	case e.state != idemproxy.StateUnknown || (r.CommandID != uuid.Nil && r.CommandID != e.commandID):
+		return idemproxy.ErrNotHeld
+	}
+	e.state = idemproxy.StateSucceeded
+	e.status = int32(r.Status)
+	e.created = now
+	e.expires = now + int64(r.TTL)
+	sh.m[k] = e
+	sh.earliest = min(sh.earliest, e.expires)
+	m.unindexHeld(k)
 	return nil
 }
 

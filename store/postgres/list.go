@@ -10,8 +10,8 @@ import (
 	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
-// List returns one page of tenant's live locks and records, newest first,
-// as idemproxy.Store.List describes, in one statement.
+// List returns one page of tenant's live locks, records and held keys,
+// newest first, as idemproxy.Store.List describes, in one statement.
 func (p *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
 	limit := opts.PageLimit()
 	after, afterKey := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, ""
@@ -20,7 +20,11 @@ func (p *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	rows, err := p.pool.Query(ctx, p.sql.list.next(1), pgUUID(tenant), after, afterKey, limit+1)
+	sql := p.sql.list
+	if opts.Held {
+		sql = p.sql.listHeld
+	}
+	rows, err := p.pool.Query(ctx, sql.next(1), pgUUID(tenant), after, afterKey, limit+1)
 	if err != nil {
 		return idemproxy.Page{}, pgerr.Failure("list", err)
 	}

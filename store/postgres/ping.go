@@ -31,7 +31,15 @@ const pingSQL = `SELECT to_regclass('idempotency_keys') IS NOT NULL,
 		AND has_table_privilege(to_regclass('idempotency_keys'), 'INSERT')
 		AND has_table_privilege(to_regclass('idempotency_keys'), 'UPDATE')
 		AND has_table_privilege(to_regclass('idempotency_keys'), 'DELETE'), true),
-	` + missingColumns
+	` + missingColumns + `,
+	` + heldAdmitted
+
+// heldAdmitted is whether the table admits held keys (state unknown,
+// migration 00003): a table whose state constraint predates them would
+// refuse every hold.
+const heldAdmitted = `NOT EXISTS (SELECT 1 FROM pg_constraint
+	WHERE conrelid = to_regclass('idempotency_keys') AND conname = 'idempotency_keys_state'
+		AND pg_get_constraintdef(oid) NOT LIKE '%''unknown''%')`
 
 // Ping reports whether the store can be used: the database answers, the
 // idempotency_keys table is in the search_path with every column the
@@ -44,10 +52,10 @@ func (p *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
 	var (
-		table, allowed bool
-		missing        []string
+		table, allowed, held bool
+		missing              []string
 	)
-	if err := p.pool.QueryRow(ctx, pingSQL, schemaColumns).Scan(&table, &allowed, &missing); err != nil {
+	if err := p.pool.QueryRow(ctx, pingSQL, schemaColumns).Scan(&table, &allowed, &missing, &held); err != nil {
 		return pgerr.Failure("ping", err)
 	}
 	switch {
@@ -57,6 +65,9 @@ func (p *Store) Ping(ctx context.Context) error {
 	case len(missing) > 0:
 		return idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing,
 			fmt.Errorf("table idempotency_keys lacks the columns %s (apply the migrations: idemproxy migrate up)", strings.Join(missing, ", ")))
+	case !held:
+		return idemproxy.Misconfigured(idemproxy.ReasonSchemaMissing,
+			errors.New("table idempotency_keys does not admit held keys (state unknown): apply the migrations (idemproxy migrate up)"))
 	case !allowed:
 		return idemproxy.Misconfigured(idemproxy.ReasonPermissionDenied,
 			errors.New("the role may not select, insert, update and delete in idempotency_keys"))

@@ -70,6 +70,7 @@ func (s *replannedSQL) next(n int) string {
 // grows.
 type plans struct {
 	claim, complete, release, renew, lookup, del, list *replannedSQL
+	hold, resolve, listHeld                            *replannedSQL
 	claimBatch, completeBatch, releaseBatch            *replannedSQL
 	// The statements sent on Citus instead of claim and claimBatch.
 	citusClaim, claimConflict, claimConflictBatch *replannedSQL
@@ -84,6 +85,9 @@ func newPlans() plans {
 		lookup:             newReplannedSQL(lookupSQL),
 		del:                newReplannedSQL(deleteSQL),
 		list:               newReplannedSQL(listSQL),
+		hold:               newReplannedSQL(holdSQL),
+		resolve:            newReplannedSQL(resolveSQL),
+		listHeld:           newReplannedSQL(listHeldSQL),
 		claimBatch:         newReplannedSQL(ClaimBatchSQL),
 		completeBatch:      newReplannedSQL(CompleteBatchSQL),
 		releaseBatch:       newReplannedSQL(releaseBatchSQL),

@@ -391,6 +391,46 @@ func (p *Store) Renew(ctx context.Context, tenant uuid.UUID, key string, owner u
 	return nil
 }
 
+// Hold turns the caller's lock into a held key that lives h.TTL from now,
+// by the database's clock, even after its lease ended if no one claimed
+// the key since. It fails with idemproxy.ErrNotOwner if the lock is gone,
+// completed or held by another owner. Holds are rare (an outcome that
+// can no longer be learnt), so each is a statement of its own.
+func (p *Store) Hold(ctx context.Context, h idemproxy.Holding) error {
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	tag, err := p.pool.Exec(ctx, p.sql.hold.next(1), pgUUID(h.Tenant), h.Key, pgUUID(h.Owner), h.TTL.Microseconds())
+	if err != nil {
+		return pgerr.Failure("hold", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return idemproxy.ErrNotOwner
+	}
+	return nil
+}
+
+// Resolve turns a held key into a record with r.Status that replays for
+// r.TTL from now, by the database's clock. It fails with
+// idemproxy.ErrNotFound when no live entry is there, and with
+// idemproxy.ErrNotHeld when the entry is not held or is another
+// command's.
+func (p *Store) Resolve(ctx context.Context, r idemproxy.Resolution) error {
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	command := pgtype.UUID{Bytes: r.CommandID, Valid: r.CommandID != uuid.Nil}
+	tag, err := p.pool.Exec(ctx, p.sql.resolve.next(1), pgUUID(r.Tenant), r.Key, command, int32(r.Status), r.TTL.Microseconds())
+	if err != nil {
+		return pgerr.Failure("resolve", err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	if _, err := p.Lookup(ctx, r.Tenant, r.Key); err != nil {
+		return err
+	}
+	return idemproxy.ErrNotHeld
+}
+
 // Lookup returns the live lock or record for (tenant, key), or
 // idemproxy.ErrNotFound.
 func (p *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemproxy.Entry, error) {
@@ -489,6 +529,8 @@ func (c *stateColumn) ScanBytes(v []byte) error {
 		c.state = idemproxy.StateInFlight
 	case "succeeded":
 		c.state = idemproxy.StateSucceeded
+	case "unknown":
+		c.state = idemproxy.StateUnknown
 	default:
 		c.state, c.unknown = 0, string(v)
 	}

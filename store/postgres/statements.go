@@ -90,6 +90,29 @@ const renewSQL = `UPDATE idempotency_keys SET
 	expires_at = now() + ($4::bigint + $5::bigint) * interval '1 microsecond'
 WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
 
+// holdSQL is the statement of Postgres.Hold: it turns the lock held by
+// the owner into a held key, owned by nobody (the nil UUID), that lives
+// until its expiry; or it changes no row. Its parameters: $1 tenant, $2
+// key, $3 owner and $4 TTL in microseconds.
+const holdSQL = `UPDATE idempotency_keys SET
+	state = 'unknown',
+	owner_token = '00000000-0000-0000-0000-000000000000',
+	lease_expires_at = NULL,
+	expires_at = now() + $4::bigint * interval '1 microsecond'
+WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
+
+// resolveSQL is the statement of Postgres.Resolve: it turns a live held
+// key into a record with a status and no stored response, or changes no
+// row. Its parameters: $1 tenant, $2 key, $3 the held command's id (NULL:
+// any), $4 status and $5 TTL in microseconds.
+const resolveSQL = `UPDATE idempotency_keys SET
+	state = 'succeeded',
+	status = $4,
+	created_at = now(),
+	expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE tenant_id = $1 AND key = $2 AND state = 'unknown' AND expires_at > now()
+	AND ($3::uuid IS NULL OR command_id = $3::uuid)`
+
 const lookupSQL = `SELECT ` + entryColumns + `
 FROM idempotency_keys
 WHERE tenant_id = $1 AND key = $2 AND COALESCE(lease_expires_at, expires_at) > now()`
@@ -196,5 +219,16 @@ FROM idempotency_keys
 WHERE tenant_id = $1
 	AND (created_at, key COLLATE "C") < ($2::timestamptz, $3::text COLLATE "C")
 	AND COALESCE(lease_expires_at, expires_at) > now()
+ORDER BY created_at DESC, key COLLATE "C" DESC
+LIMIT $4`
+
+// listHeldSQL is listSQL for the held keys alone, served by the partial
+// index idempotency_keys_held_idx (migration 00004): a page costs the
+// page, however many records the tenant has.
+const listHeldSQL = `SELECT key, ` + entryHead + `, NULL::jsonb, NULL::bytea, NULL::boolean
+FROM idempotency_keys
+WHERE tenant_id = $1 AND state = 'unknown'
+	AND (created_at, key COLLATE "C") < ($2::timestamptz, $3::text COLLATE "C")
+	AND expires_at > now()
 ORDER BY created_at DESC, key COLLATE "C" DESC
 LIMIT $4`

@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 -- Delete an entry, live or ended. KEYS[1]: the entry; on a single server
--- also KEYS[2]: the tenant's index. ARGV: key. Returns the entry's created
--- time (µs, a string), or 0 when there is none.
+-- also KEYS[2]: the tenant's index and KEYS[3]: its held keys. ARGV: key.
+-- Returns the entry's created time (µs, a string), or 0 when there is
+-- none.
 --
 -- allow-oom: it frees memory, so it runs on a server out of memory too.
 local created = redis.call('HGET', KEYS[1], 'ca')
@@ -11,5 +12,6 @@ end
 redis.call('DEL', KEYS[1])
 if KEYS[2] then
   redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
 end
 return created

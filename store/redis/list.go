@@ -13,8 +13,9 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
-// List returns one page of tenant's live locks and records, newest first,
-// as idemproxy.Store.List describes. It reads the tenant's index (see
+// List returns one page of tenant's live locks, records and held keys,
+// newest first, as idemproxy.Store.List describes; with opts.Held, of its
+// held keys alone, from their own index. It reads the tenant's index (see
 // Store) from the cursor on, newest first (ZRANGE BYSCORE REV LIMIT; keys
 // created in the same microsecond come in descending byte order, as
 // listing order wants), in batches, and each key it takes with the lookup
@@ -28,6 +29,9 @@ func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
 	index := r.indexKey(tenant)
+	if opts.Held {
+		index = r.heldKey(tenant)
+	}
 	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
 	// The next batch starts at score from (inclusive), past the first
 	// offset members there, which were read already.
@@ -60,7 +64,7 @@ func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 				candidates = append(candidates, m)
 			}
 		}
-		entries, err := r.verify(ctx, tenant, index, candidates)
+		entries, err := r.verify(ctx, tenant, index, candidates, opts.Held)
 		if err != nil {
 			return idemproxy.Page{}, failure("list", err)
 		}
@@ -86,10 +90,10 @@ type indexed struct {
 // verify reads the entry of each of the index's keys ks and returns, in
 // the same order, those live and created when the index says, with Tenant
 // and Key set and no Response. It drops from the index the keys whose
-// entry is gone or ended, and moves those created at another time, each
-// only if the index still has it where it was read; that is best effort,
-// as a key left behind is met again.
-func (r *Store) verify(ctx context.Context, tenant uuid.UUID, index string, ks []indexed) ([]idemproxy.Entry, error) {
+// entry is gone or ended (or, held set, no longer held), and moves those
+// created at another time, each only if the index still has it where it
+// was read; that is best effort, as a key left behind is met again.
+func (r *Store) verify(ctx context.Context, tenant uuid.UUID, index string, ks []indexed, held bool) ([]idemproxy.Entry, error) {
 	if len(ks) == 0 {
 		return nil, nil
 	}
@@ -118,6 +122,10 @@ func (r *Store) verify(ctx context.Context, tenant uuid.UUID, index string, ks [
 		e, err := parseEntry(reply)
 		if err != nil {
 			return nil, fmt.Errorf("%w: redis list: %v", idemproxy.ErrUnavailable, err)
+		}
+		if held && e.State != idemproxy.StateUnknown {
+			fixes = append(fixes, scriptCall{keys: []string{index}, args: []any{k.key, k.created, ""}})
+			continue
 		}
 		if created := e.CreatedAt.UnixMicro(); created != k.created {
 			fixes = append(fixes, scriptCall{keys: []string{index}, args: []any{k.key, k.created, created}})

@@ -195,7 +195,7 @@ func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemp
 func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.runKeys(ctx, deleteScript, r.scriptKeys(tenant, key), false, key)
+	v, err := r.runKeys(ctx, deleteScript, r.heldScriptKeys(tenant, key), false, key)
 	if err != nil {
 		return failure("delete", err)
 	}
@@ -204,6 +204,67 @@ func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error 
 		return idemproxy.ErrNotFound
 	}
 	r.unindex(ctx, tenant, key, created)
+	r.unindexHeld(ctx, tenant, key, created)
+	return nil
+}
+
+// Hold turns the caller's lock into a held key that lives h.TTL from now,
+// by Redis's clock, even after its lease ended if no one claimed the key
+// since. It fails with idemproxy.ErrNotOwner if the lock is gone,
+// completed or held by another owner. It waits for WaitReplicas as a
+// completion does.
+func (r *Store) Hold(ctx context.Context, h idemproxy.Holding) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	ttl := max(h.TTL.Microseconds(), 1)
+	v, err := r.runKeys(ctx, holdScript, r.heldScriptKeys(h.Tenant, h.Key), true, h.Owner[:], ttl, h.Key)
+	if err != nil {
+		return failure("hold", err)
+	}
+	s, ok := v.(string)
+	if !ok {
+		return idemproxy.ErrNotOwner
+	}
+	if created, err := strconv.ParseInt(s, 10, 64); err == nil && r.cluster != nil {
+		life := time.Now().UnixMicro() + ttl - created
+		r.index(ctx, h.Tenant, h.Key, created, life)
+		r.indexIn(ctx, r.heldKey(h.Tenant), h.Tenant, h.Key, created, life)
+	}
+	return nil
+}
+
+// Resolve turns a held key into a record with r.Status that replays for
+// r.TTL from now, by Redis's clock. It fails with idemproxy.ErrNotFound
+// when no live entry is there, and with idemproxy.ErrNotHeld when the
+// entry is not held or is another command's.
+func (r *Store) Resolve(ctx context.Context, res idemproxy.Resolution) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	var command []byte
+	if res.CommandID != uuid.Nil {
+		command = res.CommandID[:]
+	}
+	ttl := max(res.TTL.Microseconds(), 1)
+	v, err := r.runKeys(ctx, resolveScript, r.heldScriptKeys(res.Tenant, res.Key), true, command, res.Status, ttl, res.Key)
+	if err != nil {
+		return failure("resolve", err)
+	}
+	reply, ok := v.([]any)
+	if !ok || len(reply) == 0 {
+		return malformed("resolve", v)
+	}
+	switch n, _ := reply[0].(int64); {
+	case n == 0:
+		return idemproxy.ErrNotFound
+	case n < 0:
+		return idemproxy.ErrNotHeld
+	case len(reply) != 3:
+		return malformed("resolve", v)
+	}
+	created, _ := reply[1].(int64)
+	held, _ := reply[2].(string)
+	r.index(ctx, res.Tenant, res.Key, created, ttl)
+	r.unindexHeld(ctx, res.Tenant, res.Key, held)
 	return nil
 }
 
@@ -214,13 +275,27 @@ func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error 
 // entry completed or claimed again until the first listing that meets it
 // at its older time moves it.
 func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created, life int64) {
+	r.indexIn(ctx, r.indexKey(tenant), tenant, key, created, life)
+}
+
+// indexIn is index into idx: the tenant's index or its held keys.
+func (r *Store) indexIn(ctx context.Context, idx string, tenant uuid.UUID, key string, created, life int64) {
 	if r.cluster == nil || key == "" {
 		return
 	}
-	if _, err := r.run(ctx, indexScript, r.indexKey(tenant), false, key, created, life); err != nil {
+	if _, err := r.run(ctx, indexScript, idx, false, key, created, life); err != nil {
 		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings may miss the key for a while",
-			"tenant", tenant, "key", key, "error", err)
+			"tenant", tenant, "key", key, "index", idx, "error", err)
 	}
+}
+
+// unindexHeld drops key from tenant's held keys if they still have it at
+// created, on a cluster, as unindex does from its index.
+func (r *Store) unindexHeld(ctx context.Context, tenant uuid.UUID, key, created string) {
+	if r.cluster == nil || key == "" {
+		return
+	}
+	_, _ = r.run(ctx, reindexScript, r.heldKey(tenant), false, key, created, "")
 }
 
 // unindex drops key from tenant's index if the index still has it at
@@ -249,6 +324,8 @@ func parseEntry(v []any) (idemproxy.Entry, error) {
 		e.State = idemproxy.StateInFlight
 	case "r":
 		e.State = idemproxy.StateSucceeded
+	case "u":
+		e.State = idemproxy.StateUnknown
 	default:
 		return e, fmt.Errorf("unknown state %q", str(1))
 	}

@@ -79,6 +79,7 @@ type Options struct {
 //
 // Each tenant also has an index for the admin listing: a sorted set of its
 // keys scored by their created time, Prefix + '{' + tenant + "}:index",
+// and one of its held keys alone, Prefix + '{' + tenant + "}:held",
 // which cannot meet an entry's key (whose tenant part begins with a hex
 // digit). Its member "" records the longest life of an entry indexed
 // there, by which claims trim the keys of ended entries, and the index
@@ -129,6 +130,9 @@ var (
 	//go:embed renew.lua
 	renewLua    string
 	renewScript = newLuaScript(renewLua)
+	//go:embed hold.lua
+	holdLua    string
+	holdScript = newLuaScript(holdLua)
 )
 
 // The scripts of the admin API, of the index and of Ping.
@@ -136,6 +140,9 @@ var (
 	//go:embed delete.lua
 	deleteLua    string
 	deleteScript = newLuaScript(deleteLua)
+	//go:embed resolve.lua
+	resolveLua    string
+	resolveScript = newLuaScript(resolveLua)
 	//go:embed index.lua
 	indexLua    string
 	indexScript = newLuaScript(indexLua)
@@ -297,6 +304,23 @@ func (r *Store) key(tenant uuid.UUID, key string) string {
 // indexKey returns the key of tenant's index; see Store.
 func (r *Store) indexKey(tenant uuid.UUID) string {
 	return r.prefix + "{" + tenant.String() + "}:index"
+}
+
+// heldKey is tenant's index of held keys: a sorted set like its index
+// (indexKey), of the held keys alone, in the same slot.
+func (r *Store) heldKey(tenant uuid.UUID) string {
+	return r.prefix + "{" + tenant.String() + "}:held"
+}
+
+// heldScriptKeys returns the KEYS of a script that may change whether
+// (tenant, key) is held: scriptKeys' and, on a single server, the
+// tenant's held keys.
+func (r *Store) heldScriptKeys(tenant uuid.UUID, key string) []string {
+	keys := r.scriptKeys(tenant, key)
+	if len(keys) == 2 {
+		keys = append(keys, r.heldKey(tenant))
+	}
+	return keys
 }
 
 // scriptKeys returns the KEYS of a script on (tenant, key): the entry's
