@@ -46,7 +46,38 @@ var (
 	ProblemStoreUnavailable  = ProblemType{"store-unavailable", "Idempotency store unavailable", http.StatusServiceUnavailable}
 	ProblemStoreFull         = ProblemType{"store-full", "Idempotency store full", http.StatusServiceUnavailable}
 	ProblemBufferedFull      = ProblemType{"buffered-bytes-full", "Too many request bytes buffered", http.StatusServiceUnavailable}
+	ProblemOutcomeUnknown    = ProblemType{"outcome-unknown", "Outcome of the request unknown", http.StatusConflict}
+	ProblemNotHeld           = ProblemType{"not-held", "Key not held as outcome unknown", http.StatusConflict}
 )
+
+// ShouldRetry is the retry hint of a problem of type t answered to a
+// checked request: whether the same request, with the same key, may
+// succeed if sent again. A problem may say otherwise (Problem.Retry).
+func ShouldRetry(t ProblemType) bool {
+	switch t {
+	case ProblemInProgress, ProblemStoreUnavailable, ProblemStoreFull, ProblemBufferedFull, ProblemBodyTimeout,
+		ProblemUpstreamUnreached, ProblemUpstreamNoAnswer, ProblemUpstreamTimeout:
+		return true
+	}
+	return false
+}
+
+// The headers that carry a retry hint: the first is read by the openai
+// and anthropic SDKs, the second by Stripe's.
+const (
+	HeaderShouldRetry       = "X-Should-Retry"
+	HeaderStripeShouldRetry = "Stripe-Should-Retry"
+)
+
+// SetRetryHint sets both retry hint headers of h to retry.
+func SetRetryHint(h http.Header, retry bool) {
+	v := "false"
+	if retry {
+		v = "true"
+	}
+	h.Set(HeaderShouldRetry, v)
+	h.Set(HeaderStripeShouldRetry, v)
+}
 
 // Problem is an RFC 9457 problem detail. It is also an error, so packages
 // can return it and let one place write it.
@@ -57,6 +88,17 @@ type Problem struct {
 	RetryAfter int
 	// Extensions are extra members, such as command_id.
 	Extensions map[string]any
+	// Retry, when set, is the problem's retry hint instead of its type's
+	// (ShouldRetry): a 502 or 504 whose key is held is not retried.
+	Retry *bool
+}
+
+// RetryHint is p's retry hint: p.Retry, or its type's.
+func (p *Problem) RetryHint() bool {
+	if p.Retry != nil {
+		return *p.Retry
+	}
+	return ShouldRetry(p.Type)
 }
 
 // NewProblem returns a problem of type t with the given detail.
@@ -121,6 +163,8 @@ func ProblemFor(err error, setting func(goName string) string) *Problem {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return NewProblem(ProblemNotFound, "no lock or record for this tenant and key")
+	case errors.Is(err, ErrNotHeld):
+		return NewProblem(ProblemNotHeld, "the key is not held as outcome unknown (or is held for another command): only a held key is resolved")
 	case errors.Is(err, ErrFullTenant):
 		p = NewProblem(ProblemStoreFull, "this tenant holds as many keys as one tenant may ("+setting("memory.Options.TenantMaxEntries")+"); nothing was forwarded or stored")
 	case errors.Is(err, ErrFullBytes):

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,6 +48,8 @@ type Attempt struct {
 	body    *bodyReader // nil for an empty body
 	bodyLen int64
 	cancel  context.CancelFunc
+	// detached is set once the attempt outlives its request (Detach).
+	detached atomic.Bool
 
 	// The renewals of the lease (lease.go), guarded by mu: renewal is
 	// the timer of the next one, nil once they stop; settling is set once
@@ -64,14 +67,18 @@ type Attempt struct {
 // records to the end whatever the client does) but after UpstreamTimeout,
 // carries the attempt (AttemptFrom) and whose body is the one Begin
 // buffered. The caller forwards that request exactly once, settles the
-// outcome with Answered, NotSent or Unknown, and calls End.
+// outcome with Answered, NotSent or Unknown, and calls End. The
+// forwarded request's context ends after CommandTimeout: a mounting that
+// answers its client after UpstreamTimeout (Config.UpstreamTimeout) lets
+// the call go on with Detach.
 func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Request) {
-	return g.begin(w, r, false)
+	return g.begin(w, r, false, g.cfg.CommandTimeout)
 }
 
 // begin is Begin, with the claim and the command in a transaction when
-// inTx is set (the forwarded request's context then carries it).
-func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool) (*Attempt, *http.Request) {
+// inTx is set (the forwarded request's context then carries it), and the
+// forwarded request's context ending after timeout.
+func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout time.Duration) (*Attempt, *http.Request) {
 	c := g.prepare(w, r)
 	if c == nil {
 		return nil, nil
@@ -83,14 +90,14 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool) (*Attemp
 			c.End()
 			c.info.Outcome = OutcomeStoreUnavailable
 			g.log.ErrorContext(r.Context(), "transaction not begun", "request_id", c.info.RequestID, "error", err)
-			idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+			g.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
 			return nil, nil
 		}
 	}
 	if !g.claimHTTP(w, r, c, ctx) {
 		return nil, nil
 	}
-	ctx, c.cancel = context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+	ctx, c.cancel = context.WithTimeout(ctx, timeout)
 	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
 }
 
@@ -154,12 +161,15 @@ func (g *Step) newAttempt(ri *Info, tenant uuid.UUID, key string, fp idemproxy.F
 func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx context.Context) bool {
 	ri := c.info
 	existing, err := c.claimKey(ctx)
+	if err == nil && existing != nil && c.waits(*existing) {
+		existing, err = c.waitOutcome(r.Context(), ctx, *existing)
+	}
 	switch {
 	case err != nil: // never forward a keyed request unprotected
 		c.End()
 		ri.Outcome = OutcomeStoreUnavailable
 		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
-		idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+		g.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
 		return false
 	case existing != nil:
 		c.End()
@@ -213,18 +223,30 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 	}
 	if e.Fingerprint != fp {
 		ri.Outcome = OutcomeFingerprintMismatch
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,
+		g.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,
 			"this Idempotency-Key was first used with a different method, path, query or body"))
 		return
 	}
-	if e.State == idemproxy.StateInFlight {
+	switch e.State {
+	case idemproxy.StateInFlight:
 		ri.Outcome = OutcomeInProgress
 		prob := idemproxy.NewProblem(idemproxy.ProblemInProgress,
 			"a request with this Idempotency-Key is still being processed; retry later")
 		// A short wait, so that a client honouring it does not sleep
 		// through a command that ends in a moment; never past the lease.
 		prob.RetryAfter = retryAfter(min(g.cfg.RetryAfter, e.Remaining))
-		idemproxy.WriteProblem(w, prob)
+		g.WriteProblem(w, prob)
+		return
+	case idemproxy.StateUnknown:
+		ri.Outcome = OutcomeUnknown
+		prob := idemproxy.NewProblem(idemproxy.ProblemOutcomeUnknown,
+			"a request with this Idempotency-Key was sent upstream and its outcome is unknown; it is not sent again until an operator resolves the key")
+		prob.Extensions = map[string]any{
+			"command_id":   ri.CommandID,
+			"command_type": e.CommandType,
+			"attempted_at": e.CreatedAt.UTC().Format(time.RFC3339Nano),
+		}
+		g.WriteProblem(w, prob)
 		return
 	}
 	h := w.Header()
@@ -239,7 +261,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 			"command_type": e.CommandType,
 			"created_at":   e.CreatedAt.UTC().Format(time.RFC3339Nano),
 		}
-		idemproxy.WriteProblem(w, prob)
+		g.WriteProblem(w, prob)
 		return
 	}
 	ri.Outcome = OutcomeReplayed
@@ -261,13 +283,22 @@ func (c *Attempt) request(r *http.Request, ctx context.Context) *http.Request {
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	if c.body != nil {
-		out.Body = c.body
+		// Only the attempt's end closes its body: the reverse proxy
+		// closes the request's when its handler returns, which a
+		// detached call outlives while it still sends it.
+		out.Body = attemptBody{c.body}
 	}
 	out.ContentLength = c.bodyLen
 	out.TransferEncoding = nil
 	out.Trailer = nil // none arrived (Begin refuses them); none is announced
 	return out
 }
+
+// attemptBody is an attempt's buffered body as its request carries it:
+// closing it does nothing, and End (or Finish) releases the buffer.
+type attemptBody struct{ *bodyReader }
+
+func (attemptBody) Close() error { return nil }
 
 // isUpgrade reports whether a request asks to switch protocols: an
 // Upgrade header that Connection names, as net/http's ReverseProxy and
@@ -299,8 +330,38 @@ func AttemptFrom(ctx context.Context) *Attempt {
 func (c *Attempt) CommandID() uuid.UUID { return c.claim.CommandID }
 
 // End ends the attempt: its lease's renewals, its deadline, its
-// buffered body and its transaction if it was not committed.
+// buffered body and its transaction if it was not committed. After
+// Detach it does nothing: Finish ends a detached attempt.
 func (c *Attempt) End() {
+	if c.detached.Load() {
+		return
+	}
+	c.end()
+}
+
+// Detach lets the attempt outlive its request: its client was answered
+// (the upstream did not answer within UpstreamTimeout) while the
+// upstream call goes on, within CommandTimeout. End, which the request's
+// mounting defers, then leaves it running; the caller settles it when
+// the call ends (SettleResponse, NotSent or Unknown), and calls Finish.
+func (c *Attempt) Detach() { c.detached.Store(true) }
+
+// Finish ends a detached attempt, as End ends one that is not.
+func (c *Attempt) Finish() { c.end() }
+
+// Cancel ends the forwarded request's context: its upstream call, if
+// it is still on, returns with the context's error. A shutdown whose
+// budget ran out cancels its detached calls; it then settles each.
+func (c *Attempt) Cancel() { c.cancel() }
+
+// UpstreamTimeout is how long the attempt's client waits for the
+// upstream's answer (Config.UpstreamTimeout of the attempt's step).
+func (c *Attempt) UpstreamTimeout() time.Duration { return c.idem.cfg.UpstreamTimeout }
+
+// Step is the step that began the attempt.
+func (c *Attempt) Step() *Step { return c.idem }
+
+func (c *Attempt) end() {
 	if c.tx != nil {
 		c.rollback(context.Background()) // after a commit, nothing
 	}
@@ -349,13 +410,57 @@ func (c *Attempt) NotSent(ctx context.Context) {
 	c.release(ctx)
 }
 
-// Unknown settles a command sent without an answer (timeout, reset): it
-// may have taken effect, so the lock is kept, no longer renewed, until its
-// lease ends, and a retry meanwhile gets 409. It returns the Retry-After
-// to answer with.
-func (c *Attempt) Unknown() int {
+// Unknown settles a command sent whose outcome can no longer be learnt
+// (the connection broke off without an answer, CommandTimeout passed): it
+// may have taken effect. Under UnknownOutcome hold the key is held as
+// outcome unknown for KeyTTL, and Unknown reports held; a retry is then
+// answered 409 outcome-unknown, never forwarded. Under release, or when
+// the held key cannot be written, the lock is kept, no longer renewed,
+// until its lease ends, and a retry meanwhile gets 409 in-progress;
+// wait is then the Retry-After until the lease ends, in seconds.
+func (c *Attempt) Unknown(ctx context.Context) (held bool, wait int) {
+	g, cl := c.idem, c.claim
 	c.info.Outcome = OutcomeUpstreamError
-	return retryAfter(time.Until(c.stopRenewing()))
+	g.metrics.CountUnknownOutcome(c.info.Route)
+	if c.tx != nil || g.cfg.UnknownOutcome != OutcomeHold {
+		return false, retryAfter(time.Until(c.stopRenewing()))
+	}
+	c.settle()
+	defer c.stopRenewing()
+	h := idemproxy.Holding{Tenant: cl.Tenant, Key: cl.Key, Owner: cl.Owner, TTL: g.cfg.KeyTTL}
+	var err error
+	for attempt := 0; attempt <= len(g.cfg.RecordRetries); attempt++ {
+		if attempt > 0 {
+			time.Sleep(g.cfg.RecordRetries[attempt-1])
+		}
+		err = g.storeOp(ctx, "hold", func(ctx context.Context) error { return g.cfg.Store.Hold(ctx, h) })
+		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && c.heldOwn(ctx)) {
+			c.settled()
+			g.log.WarnContext(ctx, "outcome unknown: key held; a retry is refused until an operator frees it or records it as succeeded",
+				"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+				"command_id", cl.CommandID.String(), "command_type", cl.CommandType, "ttl", g.cfg.KeyTTL.String())
+			return true, 0
+		}
+		if errors.Is(err, idemproxy.ErrNotOwner) {
+			break
+		}
+	}
+	g.metrics.CountRecordWriteFailure()
+	g.log.ErrorContext(ctx, "outcome unknown and the key could not be held: its lock ends with its lease, and a retry after that runs the command again",
+		"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+		"command_id", cl.CommandID.String(), "lease", g.cfg.LockTimeout.String(), "error", err)
+	return false, retryAfter(time.Until(c.stopRenewing()))
+}
+
+// heldOwn reports whether the key is held for this very command: an
+// earlier hold's answer was lost.
+func (c *Attempt) heldOwn(ctx context.Context) bool {
+	var e idemproxy.Entry
+	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
+		e, err = c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
+		return err
+	})
+	return err == nil && e.State == idemproxy.StateUnknown && e.CommandID == c.claim.CommandID
 }
 
 // record writes the record of a command that succeeded, retrying as
@@ -376,6 +481,7 @@ func (c *Attempt) record(ctx context.Context, status int, resp *idemproxy.Respon
 		if err == nil || (errors.Is(err, idemproxy.ErrNotOwner) && c.ownRecord(ctx)) {
 			// Written: an earlier run's answer was lost, this attempt's
 			// or one the store's client resent within it.
+			c.settled()
 			return
 		}
 		if errors.Is(err, idemproxy.ErrNotOwner) {
@@ -422,6 +528,7 @@ func (c *Attempt) release(ctx context.Context) {
 	err := g.storeOp(ctx, "release", func(ctx context.Context) error {
 		return g.cfg.Store.Release(ctx, cl.Tenant, cl.Key, cl.Owner)
 	})
+	c.settled()
 	if errors.Is(err, idemproxy.ErrNotOwner) && c.keyFree(ctx) {
 		return // released: the answer to a resent release was lost
 	}

@@ -26,6 +26,18 @@ const (
 // Modes lists every mode, in the order the documentation gives them.
 var Modes = []Mode{ModeNoop, ModeStrict, ModeReplay}
 
+// UnknownOutcome says what becomes of a key whose command's outcome can
+// no longer be learnt (Config.UnknownOutcome).
+type UnknownOutcome string
+
+// The policies for unknown outcomes.
+const (
+	// OutcomeHold holds the key as outcome unknown (the default).
+	OutcomeHold UnknownOutcome = "hold"
+	// OutcomeRelease lets the key's lock end with its lease.
+	OutcomeRelease UnknownOutcome = "release"
+)
+
 // Config is the settings of the idempotency step, the same
 // whether it runs in the sidecar (Config embeds it) or in-process around
 // a handler. Store is required; every other zero value is replaced by the
@@ -44,10 +56,45 @@ type Config struct {
 	// twice StoreTimeout, so that a renewal lands before the lease ends
 	// even when it takes the whole StoreTimeout.
 	LockTimeout time.Duration
-	// UpstreamTimeout bounds a keyed command: the upstream call in the
-	// sidecar (and its wait for response headers of any request), the
-	// wrapped handler's context in-process. Zero means 30s.
+	// UpstreamTimeout bounds how long a client waits for a keyed
+	// command's answer: in the sidecar, the wait for the upstream's
+	// response headers, past which the client is answered 504 and the
+	// call goes on, detached, within CommandTimeout; in-process, the
+	// wrapped handler's context. Zero means 30s.
 	UpstreamTimeout time.Duration
+	// CommandTimeout bounds a keyed command whose client was answered
+	// after UpstreamTimeout while the upstream call goes on (the
+	// sidecar's detached calls): past it the call is cancelled and its
+	// outcome is unknown (UnknownOutcome). Zero means 5m, or
+	// UpstreamTimeout when that is longer. It must not be below
+	// UpstreamTimeout nor below InFlightWait.
+	CommandTimeout time.Duration
+	// InFlightWait is how long a duplicate that finds its key locked by
+	// an attempt in flight waits for that attempt's outcome: it is then
+	// answered as a retry after it would be (the replay of the record,
+	// 409 outcome-unknown for a held key, or, when the attempt failed or
+	// its process died, the command runs for it). Past it, or when the
+	// client goes away, it is answered 409 in-progress. Zero means 10s,
+	// or CommandTimeout when that is shorter; NoWait answers at once. Run
+	// in a transaction never waits.
+	InFlightWait time.Duration
+	// InFlightWaiters bounds the duplicates that wait at once in this
+	// process, over the step and every step derived from it; one more is
+	// answered at once. Zero means 1024.
+	InFlightWaiters int
+	// UnknownOutcome says what becomes of the key of a command that was
+	// sent and whose outcome can no longer be learnt (the upstream's
+	// connection broke off without an answer, CommandTimeout passed):
+	// OutcomeHold, the default, holds it as outcome unknown for KeyTTL
+	// (a retry is answered 409 outcome-unknown and never forwarded,
+	// until an operator frees it or records it as succeeded);
+	// OutcomeRelease lets its lock end with its lease, and a retry after
+	// that runs the command again.
+	UnknownOutcome UnknownOutcome
+	// NoRetryHints leaves out of the step's own answers the headers that
+	// tell retrying clients whether to retry (X-Should-Retry,
+	// Stripe-Should-Retry).
+	NoRetryHints bool
 	// RetryAfter is the wait a 409 in-progress answer asks for
 	// (Retry-After, whole seconds rounded down, at least 1), never more
 	// than what is left of the lock's lease: a client that honours it
@@ -115,6 +162,14 @@ func (c Config) withDefaults() Config {
 	defaultTo(&c.KeyTTL, 24*time.Hour)
 	defaultTo(&c.LockTimeout, 60*time.Second)
 	defaultTo(&c.UpstreamTimeout, 30*time.Second)
+	defaultTo(&c.CommandTimeout, max(5*time.Minute, c.UpstreamTimeout))
+	defaultTo(&c.InFlightWait, min(10*time.Second, c.CommandTimeout))
+	if c.InFlightWaiters == 0 {
+		c.InFlightWaiters = 1024
+	}
+	if c.UnknownOutcome == "" {
+		c.UnknownOutcome = OutcomeHold
+	}
 	defaultTo(&c.StoreTimeout, 5*time.Second)
 	defaultTo(&c.RetryAfter, time.Second)
 	defaultTo(&c.BodyTimeout, 30*time.Second)
@@ -159,6 +214,7 @@ func (c Config) Validate() error {
 	for field, d := range map[string]time.Duration{
 		"KeyTTL": c.KeyTTL, "LockTimeout": c.LockTimeout, "UpstreamTimeout": c.UpstreamTimeout,
 		"StoreTimeout": c.StoreTimeout, "BodyTimeout": c.BodyTimeout, "RetryAfter": c.RetryAfter,
+		"CommandTimeout": c.CommandTimeout,
 	} {
 		if d < 0 {
 			errs.Add(field, "must be a positive duration, got %s", d)
@@ -167,6 +223,21 @@ func (c Config) Validate() error {
 	if c.LockTimeout <= 2*c.StoreTimeout {
 		errs.Add("LockTimeout", "must exceed twice {StoreTimeout} (%s <= 2 × %s): the lease is renewed while the command runs, and a renewal must land before the lease ends even when it takes the whole store timeout",
 			c.LockTimeout, c.StoreTimeout)
+	}
+	if c.InFlightWait < 0 && c.InFlightWait != NoWait {
+		errs.Add("InFlightWait", "must be a positive duration, or NoWait, got %s", c.InFlightWait)
+	}
+	if c.CommandTimeout < c.UpstreamTimeout {
+		errs.Add("CommandTimeout", "must not be below {UpstreamTimeout} (%s < %s): the upstream call goes on past the client's answer, never less long", c.CommandTimeout, c.UpstreamTimeout)
+	}
+	if c.CommandTimeout < c.InFlightWait {
+		errs.Add("InFlightWait", "must not exceed {CommandTimeout} (%s > %s): a duplicate waits for a command that runs at most that long", c.InFlightWait, c.CommandTimeout)
+	}
+	if c.InFlightWaiters < 0 {
+		errs.Add("InFlightWaiters", "must be positive, got %d", c.InFlightWaiters)
+	}
+	if c.UnknownOutcome != OutcomeHold && c.UnknownOutcome != OutcomeRelease {
+		errs.Add("UnknownOutcome", "must be hold or release, got %q", c.UnknownOutcome)
 	}
 	for _, d := range c.RecordRetries {
 		if d < 0 {
@@ -198,16 +269,17 @@ func isMode(m Mode) bool {
 	return false
 }
 
-// DrainBudget is the longest a request can take once its headers are read:
-// the body timeout, the upstream timeout, and its store operations — the
-// claim, every record-write attempt and the one lookup that checks a
-// completion whose answer was lost, each up to StoreTimeout — with the
-// waits between the attempts. A graceful shutdown must give in-flight
-// commands that long to finish and record.
+// DrainBudget is the longest a command can take once its request's
+// headers are read: the body timeout, the command timeout (a detached
+// upstream call runs that long), and its store operations — the claim,
+// every record-write attempt and the one lookup that checks a completion
+// whose answer was lost, each up to StoreTimeout — with the waits between
+// the attempts. A graceful shutdown that gives in-flight commands that
+// long lets every one finish and record.
 func (c Config) DrainBudget() time.Duration {
 	c = c.withDefaults()
 	storeCalls := 1 + (1 + len(c.RecordRetries)) + 1
-	d := c.BodyTimeout + c.UpstreamTimeout + time.Duration(storeCalls)*c.StoreTimeout
+	d := c.BodyTimeout + c.CommandTimeout + time.Duration(storeCalls)*c.StoreTimeout
 	for _, wait := range c.RecordRetries {
 		d += wait
 	}
@@ -231,6 +303,8 @@ type Step struct {
 	log     *slog.Logger
 	// route is the policy of a step made by Derive; nil for New's.
 	route *routePolicy
+	// hub holds the duplicates waiting for an attempt in flight.
+	hub *waitHub
 }
 
 // New validates cfg and returns the step.
@@ -254,6 +328,7 @@ func New(cfg Config) (*Step, error) {
 		buffered: &bodyBudget{max: cfg.MaxBufferedBytes, metrics: cfg.Metrics},
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
+		hub:      newWaitHub(cfg.Store),
 	}
 	g.orphans = &orphans{g: g, stop: make(chan struct{})}
 	for _, m := range cfg.RequireKey {
@@ -329,6 +404,18 @@ func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) 
 	ri.Outcome = OutcomeRejected
 	if prob.Type == idemproxy.ProblemBufferedFull {
 		ri.Outcome = OutcomeOverloaded
+	}
+	g.WriteProblem(w, prob)
+}
+
+// WriteProblem answers a checked request with prob, as the step answers
+// its own: with the retry hints (X-Should-Retry, Stripe-Should-Retry)
+// unless NoRetryHints. A mounting answers the problems of a checked
+// request that it produces itself (a tenant refused, the upstream
+// unreachable) with it too.
+func (g *Step) WriteProblem(w http.ResponseWriter, prob *idemproxy.Problem) {
+	if !g.cfg.NoRetryHints {
+		idemproxy.SetRetryHint(w.Header(), prob.RetryHint())
 	}
 	idemproxy.WriteProblem(w, prob)
 }

@@ -21,12 +21,16 @@ const (
 	OutcomeUpstreamError       = "upstream_error"
 	// OutcomeOverloaded: a keyed body found the buffers full (503).
 	OutcomeOverloaded = "overloaded"
+	// OutcomeUnknown: the key is held, its command's outcome unknown
+	// (409 outcome-unknown).
+	OutcomeUnknown = "outcome_unknown"
 )
 
 // Outcomes lists every outcome, in the order the documentation gives them.
 var Outcomes = []string{
 	OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay, OutcomeInProgress,
 	OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError, OutcomeOverloaded,
+	OutcomeUnknown,
 }
 
 // Info is what the step learned about one request, for an access log: a
@@ -87,6 +91,12 @@ type Metrics interface {
 	// keyed request bodies and of responses held for records buffered
 	// now.
 	AddBuffered(delta int64)
+	// CountUnknownOutcome counts a command of route (Info.Route) that
+	// was sent and whose outcome can no longer be learnt, held or not.
+	CountUnknownOutcome(route string)
+	// AddWaiters adds delta (negative when they leave) to the
+	// duplicates waiting now for an attempt in flight.
+	AddWaiters(delta int64)
 }
 
 // noMetrics discards every measurement.
@@ -97,3 +107,5 @@ func (noMetrics) CountRecordWriteFailure()             {}
 func (noMetrics) CountLockLost()                       {}
 func (noMetrics) CountRenewalFailure(bool)             {}
 func (noMetrics) AddBuffered(int64)                    {}
+func (noMetrics) CountUnknownOutcome(string)           {}
+func (noMetrics) AddWaiters(int64)                     {}

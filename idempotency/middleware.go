@@ -79,7 +79,7 @@ func (g *Step) Middleware(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		cmd, out := g.begin(w, r, g.cfg.Transactional)
+		cmd, out := g.begin(w, r, g.cfg.Transactional, g.cfg.UpstreamTimeout)
 		if cmd == nil {
 			return
 		}
@@ -253,7 +253,7 @@ func (h *heldResponse) commit(partial bool) {
 		// the commit's answer was lost), so its response must not go.
 		h.failed = true
 		h.drop()
-		idemproxy.WriteProblem(h.w, idemproxy.ProblemFor(err, h.cmd.idem.cfg.Setting))
+		h.cmd.idem.WriteProblem(h.w, idemproxy.ProblemFor(err, h.cmd.idem.cfg.Setting))
 		return
 	}
 	out := h.w.Header()
@@ -292,7 +292,7 @@ func (h *heldResponse) settlePanic() {
 	g.log.ErrorContext(h.ctx, "panic in the handler: key released", "request_id", h.cmd.info.RequestID,
 		"tenant", h.cmd.claim.Tenant.String(), "idempotency_key", h.cmd.claim.Key,
 		"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-	idemproxy.WriteProblem(h.w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
+	h.cmd.idem.WriteProblem(h.w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
 }
 
 // bodyAllowed reports whether a response with status may have a body.

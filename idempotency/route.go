@@ -29,9 +29,13 @@ type Overrides struct {
 	KeyTTL          time.Duration
 	LockTimeout     time.Duration
 	UpstreamTimeout time.Duration
-	SuccessStatus   StatusSet
-	ReplayMaxBytes  int64
-	MaxBodyBytes    int64
+	CommandTimeout  time.Duration
+	// InFlightWait may be NoWait, to answer a duplicate at once.
+	InFlightWait   time.Duration
+	UnknownOutcome UnknownOutcome
+	SuccessStatus  StatusSet
+	ReplayMaxBytes int64
+	MaxBodyBytes   int64
 	// RequireKey makes every non-safe request carry a key (400 without
 	// one), whatever its method; false keeps Config.RequireKey.
 	RequireKey bool
@@ -139,10 +143,18 @@ func (c Config) Apply(o Overrides) Config {
 	}
 	for _, d := range []struct{ to, from *time.Duration }{
 		{&c.KeyTTL, &o.KeyTTL}, {&c.LockTimeout, &o.LockTimeout}, {&c.UpstreamTimeout, &o.UpstreamTimeout},
+		{&c.CommandTimeout, &o.CommandTimeout}, {&c.InFlightWait, &o.InFlightWait},
 	} {
 		if *d.from != 0 {
 			*d.to = *d.from
 		}
+	}
+	if o.CommandTimeout == 0 && o.UpstreamTimeout > c.CommandTimeout {
+		// The command timeout is never below the upstream timeout.
+		c.CommandTimeout = o.UpstreamTimeout
+	}
+	if o.UnknownOutcome != "" {
+		c.UnknownOutcome = o.UnknownOutcome
 	}
 	if !o.SuccessStatus.empty() {
 		c.SuccessStatus = o.SuccessStatus

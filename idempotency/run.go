@@ -59,6 +59,10 @@ var (
 	// ErrInProgress is wrapped by the error of Run while another attempt
 	// of the key is in flight: an *InProgressError.
 	ErrInProgress = errors.New("idempotency: command in progress")
+	// ErrOutcomeUnknown is wrapped by the error of Run for a held key:
+	// the command was sent once and its outcome could not be learnt
+	// (the sidecar holds such keys); an *OutcomeUnknownError.
+	ErrOutcomeUnknown = errors.New("idempotency: outcome of the command unknown")
 	// ErrKeyReused is returned by Run for a key first used with another
 	// command type or fingerprint.
 	ErrKeyReused = errors.New("idempotency: key reused with a different command")
@@ -100,6 +104,22 @@ func (e *InProgressError) Error() string {
 // Unwrap returns ErrInProgress.
 func (e *InProgressError) Unwrap() error { return ErrInProgress }
 
+// OutcomeUnknownError is the error of Run for a held key: it names the
+// command whose outcome is unknown.
+type OutcomeUnknownError struct {
+	CommandID uuid.UUID
+	Type      string
+	// AttemptedAt is when the command was claimed.
+	AttemptedAt time.Time
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("%v: command %s (%s) attempted at %s", ErrOutcomeUnknown, e.CommandID, e.Type, e.AttemptedAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Unwrap returns ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Unwrap() error { return ErrOutcomeUnknown }
+
 // IsReplay reports whether err is (or wraps) ErrReplay.
 func IsReplay(err error) bool { return errors.Is(err, ErrReplay) }
 
@@ -114,8 +134,13 @@ func IsReplay(err error) bool { return errors.Is(err, ErrReplay) }
 //   - a record: fn does not run. Mode noop returns a Result with Replayed
 //     set; mode strict an error wrapping ErrReplay (a *ReplayError, see
 //     IsReplay); mode replay the Result with the stored bytes.
-//   - another attempt in flight: an error wrapping ErrInProgress (an
-//     *InProgressError with the wait), at once; fn does not run.
+//   - another attempt in flight: Run waits for its outcome, up to
+//     InFlightWait, and is then answered as above (or, when that attempt
+//     failed, runs fn itself); past the wait, or when ctx ends, an error
+//     wrapping ErrInProgress (an *InProgressError with the wait). In a
+//     transaction it does not wait. fn does not run meanwhile.
+//   - a held key (a command of the sidecar's whose outcome is unknown):
+//     an error wrapping ErrOutcomeUnknown; fn does not run.
 //   - the key used with another cmd.Type or cmd.Fingerprint: ErrKeyReused.
 //   - fn returns an error or panics: no record, the key is free for a
 //     retry; Run returns fn's error unchanged, or the panic goes on.
@@ -165,6 +190,9 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 	}
 	defer c.End()
 	existing, err := c.claimKey(ctx)
+	if err == nil && existing != nil && c.waits(*existing) {
+		existing, err = c.waitOutcome(ctx, context.WithoutCancel(ctx), *existing)
+	}
 	if err != nil {
 		ri.Outcome = OutcomeStoreUnavailable
 		return Result{}, err
@@ -213,9 +241,13 @@ func (g *Step) commandAnswer(ri *Info, fp idemproxy.Fingerprint, e idemproxy.Ent
 		ri.Outcome = OutcomeFingerprintMismatch
 		return Result{}, ErrKeyReused
 	}
-	if e.State == idemproxy.StateInFlight {
+	switch e.State {
+	case idemproxy.StateInFlight:
 		ri.Outcome = OutcomeInProgress
 		return Result{}, &InProgressError{Wait: max(min(g.cfg.RetryAfter, e.Remaining), 0)}
+	case idemproxy.StateUnknown:
+		ri.Outcome = OutcomeUnknown
+		return Result{}, &OutcomeUnknownError{CommandID: e.CommandID, Type: e.CommandType, AttemptedAt: e.CreatedAt}
 	}
 	if g.cfg.Mode == ModeStrict {
 		ri.Outcome = OutcomeConflictReplay

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -36,6 +37,9 @@ type AdminConfig struct {
 	// Routes tells /v1/routes the route policies in force
 	// (Proxy.RoutesInForce); nil means no /v1/routes route.
 	Routes func() RoutesView
+	// KeyTTL is how long a held key recorded as succeeded through the
+	// API replays; zero means 24h.
+	KeyTTL time.Duration
 	Logger *slog.Logger
 }
 
@@ -44,6 +48,9 @@ type AdminConfig struct {
 func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, &idemproxy.ConfigError{Struct: "proxy.AdminConfig", Field: "Store", Reason: "is required"}
+	}
+	if cfg.KeyTTL <= 0 {
+		cfg.KeyTTL = 24 * time.Hour
 	}
 	a := &admin{cfg: cfg, log: cfg.Logger}
 	if a.log == nil {
@@ -59,6 +66,7 @@ func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 		r.Use(a.authorize)
 		r.Get("/", a.getKeys)
 		r.Delete("/", a.deleteKey)
+		r.Post("/resolve", a.resolveKey)
 	})
 	if cfg.Routes != nil {
 		r.With(a.authorize).Get("/v1/routes", func(w http.ResponseWriter, _ *http.Request) {
@@ -206,10 +214,10 @@ func (a *admin) getKeys(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, keyView(e))
 }
 
-// listKeys answers one page of a tenant's live locks and records, newest
-// first: ?limit=N (1 to idemproxy.MaxListLimit, default
-// idemproxy.DefaultListLimit) and ?cursor= from the previous page's
-// next_cursor.
+// listKeys answers one page of a tenant's live locks, records and held
+// keys, newest first: ?limit=N (1 to idemproxy.MaxListLimit, default
+// idemproxy.DefaultListLimit), ?cursor= from the previous page's
+// next_cursor, and ?state=unknown for the held keys alone.
 func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := a.tenantParam(w, r)
 	if !ok {
@@ -234,6 +242,15 @@ func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		opts.After = c
+	}
+	switch v := q.Get("state"); v {
+	case "":
+	case idemproxy.StateUnknown.String():
+		opts.Held = true
+	default:
+		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			fmt.Sprintf("query parameter state must be %s (the held keys), got %q", idemproxy.StateUnknown, v)))
+		return
 	}
 	page, err := a.cfg.Store.List(r.Context(), tenant, opts)
 	if err != nil {
@@ -262,6 +279,62 @@ func (a *admin) deleteKey(w http.ResponseWriter, r *http.Request) {
 	a.log.WarnContext(r.Context(), "audit: idempotency key deleted through the admin API",
 		"tenant", t.Tenant.String(), "idempotency_key", t.Key, "remote_addr", r.RemoteAddr)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// Resolution is the body of POST /v1/keys/resolve: an operator's word
+// that the command of a held key took effect.
+type Resolution struct {
+	// Status is the record's status code (100–599), answered to retries
+	// from then on.
+	Status int `json:"status"`
+	// CommandID, when set, must be the held command's: the key is left
+	// alone if it was freed and held again for another command since.
+	CommandID string `json:"command_id,omitempty"`
+}
+
+// resolveKey records a held key as succeeded: retries replay it from
+// then on (in mode replay with an empty body). It answers the record.
+func (a *admin) resolveKey(w http.ResponseWriter, r *http.Request) {
+	t, ok := a.target(w, r)
+	if !ok {
+		return
+	}
+	var body Resolution
+	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			`the body must be JSON {"status": N, "command_id": "…"} (command_id optional): `+err.Error()))
+		return
+	}
+	if body.Status < 100 || body.Status > 599 {
+		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			fmt.Sprintf("status must be an HTTP status code from 100 to 599, got %d", body.Status)))
+		return
+	}
+	res := idemproxy.Resolution{Tenant: t.Tenant, Key: t.Key, Status: body.Status, TTL: a.cfg.KeyTTL}
+	if body.CommandID != "" {
+		id, err := uuid.Parse(body.CommandID)
+		if err != nil {
+			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+				fmt.Sprintf("command_id must be a UUID, got %q", body.CommandID)))
+			return
+		}
+		res.CommandID = id
+	}
+	if err := a.cfg.Store.Resolve(r.Context(), res); err != nil {
+		a.storeError(w, r, err)
+		return
+	}
+	a.log.WarnContext(r.Context(), "audit: held key recorded as succeeded through the admin API",
+		"tenant", t.Tenant.String(), "idempotency_key", t.Key, "status", body.Status, "command_id", body.CommandID,
+		"remote_addr", r.RemoteAddr)
+	e, err := a.cfg.Store.Lookup(r.Context(), t.Tenant, t.Key)
+	if err != nil {
+		a.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, keyView(e))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,8 +19,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 func adminDo(t *testing.T, h http.Handler, method, tenant, key, token string) *httptest.ResponseRecorder {
@@ -44,7 +45,7 @@ func adminRequest(t *testing.T, h http.Handler, method, path, token string) *htt
 func TestAdminKeyAPI(t *testing.T) { forEachStore(t, testAdminKeyAPI) }
 
 func testAdminKeyAPI(t *testing.T, st option) {
-	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
+	e := newEnv(t, st)
 	var logs bytes.Buffer
 	admin := newAdmin(t, proxy.AdminConfig{Store: e.store, Token: "s3cret", Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	tenant := e.tenant.String()
@@ -62,34 +63,106 @@ func testAdminKeyAPI(t *testing.T, st option) {
 		t.Fatalf("bad tenant: got %d, want 400", rec.Code)
 	}
 
-	// A command whose outcome is unknown leaves its key locked…
-	entered, release := blockingUpstream(t, e)
-	wantProblem(t, e.do(req{key: "stuck"}), http.StatusGatewayTimeout, "upstream-timeout")
-	<-entered
-	release()
+	// A command whose outcome is unknown (the upstream broke off) leaves
+	// its key held: a retry is refused, however many leases pass…
+	e.up.set(resetConnection(t))
+	wantProblem(t, e.do(req{key: "stuck"}), http.StatusBadGateway, "upstream-no-response")
+	wantProblem(t, e.do(req{key: "other"}), http.StatusBadGateway, "upstream-no-response")
 	rec := adminDo(t, admin, http.MethodGet, tenant, "stuck", "s3cret")
 	var view proxy.KeyView
-	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &view) != nil || view.State != "in_flight" || view.CommandType != "POST /orders" {
-		t.Fatalf("lookup of the lock: %d %s", rec.Code, rec.Body)
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &view) != nil || view.State != "unknown" || view.CommandType != "POST /orders" {
+		t.Fatalf("lookup of the held key: %d %s", rec.Code, rec.Body)
 	}
-	wantProblem(t, e.do(req{key: "stuck"}), http.StatusConflict, "in-progress")
+	e.advance(3 * 10 * time.Second)
+	wantProblem(t, e.do(req{key: "stuck"}), http.StatusConflict, "outcome-unknown")
+	e.wantCalls(2)
 
-	// …until an operator deletes it; the retry then runs.
-	if rec := adminDo(t, admin, http.MethodDelete, tenant, "stuck", "s3cret"); rec.Code != http.StatusNoContent {
+	// …listed apart…
+	held := adminList(t, admin, url.Values{"tenant": {tenant}, "state": {"unknown"}})
+	if len(held.Keys) != 2 || held.Keys[0].State != "unknown" || held.Keys[1].State != "unknown" {
+		t.Fatalf("held listing: %+v, want the two held keys", held.Keys)
+	}
+	rec = adminCall(t, admin, http.MethodGet, url.Values{"tenant": {tenant}, "state": {"in_flight"}}, "")
+	wantProblem(t, rec.Result(), http.StatusBadRequest, "invalid-parameter")
+
+	// …until an operator records it as succeeded (the retry replays)…
+	q := url.Values{"tenant": {tenant}, "key": {"stuck"}}
+	for _, bad := range []string{`{"status":42}`, `{"status":201,"command_id":"nope"}`, `{"status":201,"extra":1}`, `not json`} {
+		wantProblem(t, adminCall(t, admin, http.MethodPost, q, bad).Result(), http.StatusBadRequest, "invalid-parameter")
+	}
+	wantProblem(t, adminCall(t, admin, http.MethodPost, q, `{"status":201,"command_id":"`+uuid.NewString()+`"}`).Result(),
+		http.StatusConflict, "not-held")
+	rec = adminCall(t, admin, http.MethodPost, q, `{"status":201,"command_id":"`+view.CommandID+`"}`)
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &view) != nil || view.State != "succeeded" || view.Status != 201 {
+		t.Fatalf("resolve: %d %s", rec.Code, rec.Body)
+	}
+	if !strings.Contains(logs.String(), "audit") || !strings.Contains(logs.String(), `"status":201`) {
+		t.Fatalf("no audit line for the resolution: %s", logs.String())
+	}
+	e.wantReplay(e.do(req{key: "stuck"}), idempotency.ModeNoop, http.StatusCreated)
+	wantProblem(t, adminCall(t, admin, http.MethodPost, q, `{"status":201}`).Result(), http.StatusConflict, "not-held")
+	wantProblem(t, adminCall(t, admin, http.MethodPost, url.Values{"tenant": {tenant}, "key": {"never"}}, `{"status":201}`).Result(),
+		http.StatusNotFound, "not-found")
+
+	// …or deletes it: the retry then runs.
+	if rec := adminDo(t, admin, http.MethodDelete, tenant, "other", "s3cret"); rec.Code != http.StatusNoContent {
 		t.Fatalf("delete: got %d %s", rec.Code, rec.Body)
 	}
-	if !strings.Contains(logs.String(), "audit") || !strings.Contains(logs.String(), `"idempotency_key":"stuck"`) {
+	if !strings.Contains(logs.String(), "audit") || !strings.Contains(logs.String(), `"idempotency_key":"other"`) {
 		t.Fatalf("no audit line for the delete: %s", logs.String())
 	}
-	if rec := adminDo(t, admin, http.MethodDelete, tenant, "stuck", "s3cret"); rec.Code != http.StatusNotFound {
+	if rec := adminDo(t, admin, http.MethodDelete, tenant, "other", "s3cret"); rec.Code != http.StatusNotFound {
 		t.Fatalf("second delete: got %d, want 404", rec.Code)
 	}
 	e.up.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
-	wantStatus(t, e.do(req{key: "stuck"}), http.StatusCreated)
-	e.wantCalls(2)
-	rec = adminDo(t, admin, http.MethodGet, tenant, "stuck", "s3cret")
+	wantStatus(t, e.do(req{key: "other"}), http.StatusCreated)
+	e.wantCalls(3)
+	rec = adminDo(t, admin, http.MethodGet, tenant, "other", "s3cret")
 	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &view) != nil || view.State != "succeeded" || view.Status != 201 {
 		t.Fatalf("lookup of the record: %d %s", rec.Code, rec.Body)
+	}
+	if held := adminList(t, admin, url.Values{"tenant": {tenant}, "state": {"unknown"}}); len(held.Keys) != 0 {
+		t.Fatalf("held listing after both were resolved: %+v", held.Keys)
+	}
+}
+
+// adminCall sends method to the admin key API's /v1/keys (POST:
+// /v1/keys/resolve) with query q and body, with the token.
+func adminCall(t *testing.T, h http.Handler, method string, q url.Values, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	path := "/v1/keys?"
+	if method == http.MethodPost {
+		path = "/v1/keys/resolve?"
+	}
+	r := httptest.NewRequest(method, path+q.Encode(), strings.NewReader(body))
+	r.Header.Set("Authorization", "Bearer s3cret")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+// adminList lists one page of keys with query q.
+func adminList(t *testing.T, h http.Handler, q url.Values) proxy.KeyList {
+	t.Helper()
+	rec := adminCall(t, h, http.MethodGet, q, "")
+	var list proxy.KeyList
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &list) != nil {
+		t.Fatalf("list %v: %d %s", q, rec.Code, rec.Body)
+	}
+	return list
+}
+
+// resetConnection is an upstream handler that reads the request and
+// resets the connection without answering.
+func resetConnection(t *testing.T) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.(*net.TCPConn).SetLinger(0)
+		conn.Close()
 	}
 }
 

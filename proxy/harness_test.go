@@ -103,6 +103,8 @@ type env struct {
 	// backend is set when the env runs on a shared store (Postgres,
 	// Redis) instead of the memory store on its fake clock.
 	backend *backend
+	// legacy is set by the legacy option.
+	legacy bool
 }
 
 // option adjusts an env before its proxy is built.
@@ -110,6 +112,16 @@ type option func(*env, *proxy.Config, *tenancy.Config)
 
 func withMode(m idempotency.Mode) option {
 	return func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.Mode = m }
+}
+
+// legacy turns off what makes a retry succeed rather than wait for a
+// lease: a duplicate in flight is answered at once (no in-flight wait),
+// an unknown outcome keeps the lock until its lease ends (release, not
+// hold), and the upstream call ends with the client's upstream timeout
+// (no detached call). The tests of that behaviour run with it.
+func legacy(e *env, c *proxy.Config, _ *tenancy.Config) {
+	c.InFlightWait, c.UnknownOutcome = idempotency.NoWait, idempotency.OutcomeRelease
+	e.legacy = true
 }
 
 // memoryStore is the default: an in-process store on the env's fake clock.
@@ -262,6 +274,9 @@ func newEnv(t *testing.T, opts ...option) *env {
 	tc := tenancy.Config{Sources: []tenancy.Source{tenancy.SourceHeader}}
 	for _, o := range opts {
 		o(e, &cfg, &tc)
+	}
+	if e.legacy {
+		cfg.CommandTimeout = cfg.UpstreamTimeout
 	}
 	e.store = cfg.Store
 	e.metrics, _ = cfg.Metrics.(*proxy.Metrics)

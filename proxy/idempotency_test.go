@@ -137,8 +137,10 @@ func blockingUpstream(t *testing.T, e *env) (entered chan struct{}, release func
 
 func TestInFlight(t *testing.T) { forEachStore(t, testInFlight) }
 
+// testInFlight: without the in-flight wait, a duplicate in flight is
+// answered 409 at once.
 func testInFlight(t *testing.T, st option) {
-	e := newEnv(t, st)
+	e := newEnv(t, st, legacy)
 	entered, release := blockingUpstream(t, e)
 	first := req{key: "k", body: "a"}
 	done := make(chan *http.Response)
@@ -231,11 +233,14 @@ func testUpstreamRefusedReleases(t *testing.T, st option) {
 	})
 }
 
+// TestUpstreamTimeoutHoldsLock: with the behaviour before detached calls
+// and held keys (legacy), an upstream timeout keeps the lock until its
+// lease ends.
 func TestUpstreamTimeoutHoldsLock(t *testing.T) { forEachStore(t, testUpstreamTimeoutHoldsLock) }
 
 func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
 	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
-		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
+		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 200 * time.Millisecond }, legacy)
 		entered, release := blockingUpstream(t, e)
 		resp := e.do(req{key: "k"})
 		// Retry-After is what is left of the lease (10 s less the 200 ms wait):
@@ -255,11 +260,13 @@ func testUpstreamTimeoutHoldsLock(t *testing.T, st option) {
 	})
 }
 
+// TestUpstreamResetHoldsLock: under release (legacy), a reset keeps the
+// lock until its lease ends.
 func TestUpstreamResetHoldsLock(t *testing.T) { forEachStore(t, testUpstreamResetHoldsLock) }
 
 func testUpstreamResetHoldsLock(t *testing.T, st option) {
 	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
-		e := newEnv(t, st, withMode(mode))
+		e := newEnv(t, st, withMode(mode), legacy)
 		e.up.set(func(w http.ResponseWriter, r *http.Request) {
 			conn, _, err := http.NewResponseController(w).Hijack()
 			if err != nil {
@@ -322,7 +329,7 @@ func testRecordWriteFailureKeepsLock(t *testing.T, st option) {
 		e := newEnv(t, st, withMode(mode), func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 			fs.Store = c.Store
 			c.Store = fs
-		})
+		}, legacy)
 		// The command happened: the client gets the upstream's answer.
 		resp := e.do(req{key: "k"})
 		wantStatus(t, resp, http.StatusCreated)
@@ -1242,7 +1249,7 @@ func testInFlightRetryAfter(t *testing.T, st option) {
 		{"at least 1", 5 * time.Second, 9500 * time.Millisecond, "1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, st, func(_ *env, cfg *proxy.Config, _ *tenancy.Config) { cfg.RetryAfter = c.retryAfter })
+			e := newEnv(t, st, func(_ *env, cfg *proxy.Config, _ *tenancy.Config) { cfg.RetryAfter = c.retryAfter }, legacy)
 			entered, release := blockingUpstream(t, e)
 			first := req{key: "k", body: "a"}
 			done := make(chan *http.Response)

@@ -124,7 +124,7 @@ func testShortLeaseAfterCrash(t *testing.T, st option) {
 	const lease = 3 * time.Second
 	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 		c.LockTimeout, c.StoreTimeout, c.UpstreamTimeout = lease, time.Second, 30*time.Second
-	})
+	}, legacy)
 	body := "crash"
 	crashed := idemproxy.Claim{
 		Tenant: e.tenant, Key: "crash", Fingerprint: idempotency.Fingerprint(http.MethodPost, "/orders", "", []byte(body)),

@@ -23,6 +23,14 @@ type Metrics struct {
 	// RoutesReloadFailures counts reloads of the routes file refused
 	// (the policy in force stays).
 	RoutesReloadFailures prometheus.Counter
+	// UnknownOutcomes counts commands sent whose outcome could not be
+	// learnt, by route.
+	UnknownOutcomes *prometheus.CounterVec
+	// DetachedCalls is the upstream calls going on after their client
+	// was answered 504.
+	DetachedCalls prometheus.Gauge
+	// Waiters is the duplicates waiting for an attempt in flight.
+	Waiters prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
@@ -67,11 +75,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_routes_reload_failures_total",
 			Help: "Reloads of IDEMPROXY_ROUTES_FILE (SIGHUP) refused because the file could not be read or is invalid; the policy in force stays.",
 		}),
+		UnknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_unknown_outcomes_total",
+			Help: "Commands sent upstream whose outcome could not be learnt (the connection broke off without an answer, IDEMPROXY_COMMAND_TIMEOUT passed), by route: held as outcome unknown, or released with their lease under IDEMPROXY_UNKNOWN_OUTCOME=release.",
+		}, []string{"route"}),
+		DetachedCalls: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_detached_calls",
+			Help: "Upstream calls going on after their client was answered 504 upstream-timeout; each is recorded, released or held when it ends.",
+		}),
+		Waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_in_flight_waiters",
+			Help: "Duplicates waiting now for the outcome of an attempt in flight (at most IDEMPROXY_IN_FLIGHT_WAITERS).",
+		}),
 	}
+	m.UnknownOutcomes.WithLabelValues(DefaultRoute)
 	for _, o := range idempotency.Outcomes {
 		m.Requests.WithLabelValues(o, DefaultRoute)
 	}
-	for _, op := range []string{"claim", "complete", "release", "lookup", "renew"} {
+	for _, op := range []string{"claim", "complete", "release", "lookup", "renew", "hold"} {
 		m.StoreDuration.WithLabelValues(op)
 	}
 	for _, reason := range []string{renewalUnavailable, renewalLockLost} {
@@ -79,7 +100,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RenewalFailures,
-			m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures)
+			m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures, m.UnknownOutcomes, m.DetachedCalls, m.Waiters)
 	}
 	return m
 }
@@ -112,3 +133,14 @@ func (m *Metrics) CountRenewalFailure(lost bool) {
 
 // AddBuffered moves idemproxy_buffered_bytes by delta.
 func (m *Metrics) AddBuffered(delta int64) { m.BufferedBytes.Add(float64(delta)) }
+
+// CountUnknownOutcome counts idemproxy_unknown_outcomes_total{route}.
+func (m *Metrics) CountUnknownOutcome(route string) {
+	if route == "" {
+		route = DefaultRoute
+	}
+	m.UnknownOutcomes.WithLabelValues(route).Inc()
+}
+
+// AddWaiters moves idemproxy_in_flight_waiters by delta.
+func (m *Metrics) AddWaiters(delta int64) { m.Waiters.Add(float64(delta)) }

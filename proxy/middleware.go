@@ -151,5 +151,5 @@ func (p *Proxy) recover(next http.Handler) http.Handler {
 // (a bad token, a malformed or conflicting tenant) and counts it rejected.
 func (p *Proxy) tenancyRefused(w http.ResponseWriter, r *http.Request, prob *idemproxy.Problem) {
 	idempotency.InfoFrom(r.Context()).Outcome = idempotency.OutcomeRejected
-	idemproxy.WriteProblem(w, prob)
+	p.step(r).WriteProblem(w, prob)
 }

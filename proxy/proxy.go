@@ -31,7 +31,11 @@ type Config struct {
 	Upstream *url.URL
 	// Tenancy resolves the tenant of every checked request.
 	Tenancy *tenancy.Resolver
-	// Transport reaches the upstream; nil means NewTransport(UpstreamTimeout).
+	// Transport reaches the upstream; nil means NewTransport of the
+	// longest UpstreamTimeout for the requests that pass through, and one
+	// without a response-header timeout for keyed commands (their
+	// CommandTimeout bounds them). A Transport given here carries both,
+	// and its own timeouts apply to both.
 	Transport http.RoundTripper
 	// TracerProvider, when set, traces each request (a server span) and
 	// its upstream call (a client span), and sends W3C traceparent to the
@@ -69,6 +73,11 @@ type Proxy struct {
 	handler       http.Handler
 	// routes are the route policies in force; nil for none.
 	routes atomic.Pointer[routeTable]
+	// commandTransport carries keyed commands (Config.Transport).
+	commandTransport http.RoundTripper
+	// detached are the upstream calls going on past their client's
+	// answer.
+	detached detachedCalls
 }
 
 // New validates cfg and returns the proxy handler: the chain of
@@ -96,13 +105,17 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	cfg.Config = idem.Config()
+	commandTransport := cfg.Transport
 	if cfg.Transport == nil {
 		// A route may wait longer for its upstream than the default.
 		cfg.Transport = NewTransport(max(cfg.UpstreamTimeout, cfg.Routes.MaxUpstreamTimeout()))
+		commandTransport = NewTransport(0)
 	}
 	p := &Proxy{cfg: cfg, idem: idem, log: cfg.Logger, metrics: metrics,
-		forwardAlways: []string{"Idempotency-Key", cfg.Tenancy.Header()},
+		forwardAlways:    []string{"Idempotency-Key", cfg.Tenancy.Header()},
+		commandTransport: commandTransport,
 	}
+	p.detached.metrics = metrics
 	if err := p.SetRoutes(cfg.Routes); err != nil {
 		return nil, err
 	}
@@ -141,17 +154,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Close stops the idempotency step's background work (Step.Close) and
 // closes the idle connections to the upstream. Call it once the server in
-// front of the proxy has shut down.
+// front of the proxy has shut down and its detached calls are drained
+// (Drain).
 func (p *Proxy) Close() {
 	p.idem.Close()
-	if t, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
+	for _, rt := range []http.RoundTripper{p.cfg.Transport, p.commandTransport} {
+		if t, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			t.CloseIdleConnections()
+		}
 	}
 }
 
 // NewTransport returns the tuned, pooled transport used to reach the
 // upstream: generous idle pools for a single upstream host, bounded dial
-// and response-header waits.
+// and response-header waits (zero upstreamTimeout: the request's context
+// bounds the wait).
 func NewTransport(upstreamTimeout time.Duration) *http.Transport {
 	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{

@@ -40,7 +40,11 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 // reverseProxy forwards to the upstream. For a keyed command it records or
 // releases the lock once the upstream's answer (or failure) is known.
 func (p *Proxy) reverseProxy() http.Handler {
-	var rt http.RoundTripper = timedTransport{p.cfg.Transport, p.metrics}
+	var rt http.RoundTripper = detaching{
+		pass: timedTransport{p.cfg.Transport, p.metrics},
+		cmd:  timedTransport{p.commandTransport, p.metrics},
+		p:    p,
+	}
 	if tp := p.cfg.TracerProvider; tp != nil {
 		rt = otelhttp.NewTransport(rt,
 			otelhttp.WithTracerProvider(tp),
@@ -121,8 +125,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 }
 
 // errorHandler answers when the upstream could not be used. A request that
-// was never sent releases its lock; one whose outcome is unknown keeps it
-// until the lease ends, so a retry cannot run the command a second time.
+// was never sent releases its lock; one whose client waited its upstream
+// timeout is answered 504 while its call goes on, detached; one whose
+// outcome is unknown is held (or keeps its lock until the lease ends), so
+// a retry cannot run the command a second time. The answers to a keyed
+// command carry the retry hints.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ri := idempotency.InfoFrom(r.Context())
 	cmd := idempotency.AttemptFrom(r.Context())
@@ -132,6 +139,9 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	var prob *idemproxy.Problem
 	switch {
+	case errors.Is(err, errDetached):
+		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamTimeout,
+			"the upstream has not answered yet; the request goes on, and its outcome is recorded when it comes: retry it with the same Idempotency-Key to get it")
 	case notSent:
 		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamUnreached, "the upstream could not be reached; the request was not sent")
 	case isTimeout(err):
@@ -140,15 +150,36 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamNoAnswer, "the upstream broke off without an answer; the request may have taken effect")
 	}
 	switch {
-	case cmd != nil && notSent:
+	case cmd == nil:
+		p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
+		idemproxy.WriteProblem(w, prob)
+		return
+	case errors.Is(err, errDetached):
+		ri.Outcome = idempotency.OutcomeUpstreamError
+		prob.RetryAfter = retryAfterSeconds(cmd.Step().Config().RetryAfter)
+	case notSent:
 		cmd.NotSent(r.Context())
-	case cmd != nil:
-		prob.RetryAfter = cmd.Unknown()
+	default:
+		held, wait := cmd.Unknown(r.Context())
+		if held {
+			prob.Retry = &noRetry
+			prob.Detail += "; the key is held: a retry is refused until an operator resolves it"
+		} else {
+			prob.RetryAfter = wait
+		}
+	}
+	if !notSent {
 		prob.Extensions = map[string]any{"command_id": cmd.CommandID().String()}
 	}
 	p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
-	idemproxy.WriteProblem(w, prob)
+	cmd.Step().WriteProblem(w, prob)
 }
+
+// noRetry is a problem's hint not to retry.
+var noRetry = false
+
+// retryAfterSeconds is a Retry-After of d, in whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int { return max(int(d/time.Second), 1) }
 
 // isDialError reports errors that happened before a connection existed:
 // the request cannot have reached the upstream.

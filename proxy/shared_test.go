@@ -21,12 +21,13 @@ import (
 
 // replica is one idemproxy instance with its own client of the shared
 // store (its own pool), like a separate sidecar process.
-func replica(t *testing.T, up *upstream, st idemproxy.Store) *httptest.Server {
+func replica(t *testing.T, up *upstream, st idemproxy.Store, adjust ...func(*idempotency.Config)) *httptest.Server {
 	t.Helper()
-	p, err := proxy.New(proxy.Config{
-		Upstream: up.url(), Tenancy: mustResolver(t),
-		Config: idempotency.Config{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second, StoreTimeout: 3 * time.Second},
-	})
+	cfg := idempotency.Config{Store: st, LockTimeout: 10 * time.Second, UpstreamTimeout: 2 * time.Second, StoreTimeout: 3 * time.Second}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	p, err := proxy.New(proxy.Config{Upstream: up.url(), Tenancy: mustResolver(t), Config: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,6 +39,10 @@ func replica(t *testing.T, up *upstream, st idemproxy.Store) *httptest.Server {
 	})
 	return srv
 }
+
+// noWait turns the in-flight wait off: a duplicate in flight is answered
+// 409 at once.
+func noWait(c *idempotency.Config) { c.InFlightWait = idempotency.NoWait }
 
 func send(t *testing.T, base, key string, tenant uuid.UUID, body string) (int, http.Header) {
 	t.Helper()
@@ -131,15 +136,15 @@ func testDurableAcrossProcesses(t *testing.T, b *backend) {
 	}
 }
 
-// A replica that claims and dies never completes: the key answers 409
-// until the lease ends, then a retry runs, and the dead owner's late
-// completion is refused.
+// A replica that claims and dies never completes: without the in-flight
+// wait the key answers 409 until the lease ends, then a retry runs, and
+// the dead owner's late completion is refused.
 func TestLeaseAfterCrash(t *testing.T) { forEachSharedStore(t, testLeaseAfterCrash) }
 
 func testLeaseAfterCrash(t *testing.T, b *backend) {
 	up := newUpstream(t)
 	st := b.open()
-	srv := replica(t, up, st)
+	srv := replica(t, up, st, noWait)
 	tenant := uuid.New()
 	body := "crash"
 	crashed := idemproxy.Claim{
