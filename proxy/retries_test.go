@@ -79,7 +79,9 @@ func got(t *testing.T, s sent, status int, body string) *http.Response {
 // TestDuplicateWaitsForTheOriginal: a duplicate that meets the lock of an
 // attempt in flight waits, and is answered the replay of its outcome in
 // every mode; the upstream runs once.
-func TestDuplicateWaitsForTheOriginal(t *testing.T) { forEachStore(t, testDuplicateWaitsForTheOriginal) }
+func TestDuplicateWaitsForTheOriginal(t *testing.T) {
+	forEachStore(t, testDuplicateWaitsForTheOriginal)
+}
 
 func testDuplicateWaitsForTheOriginal(t *testing.T, st option) {
 	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
@@ -119,7 +121,9 @@ func testDuplicateWaitsForTheOriginal(t *testing.T, st option) {
 // TestWaiterRunsWhenTheOriginalFails: when the original's answer is not a
 // success (its lock released), the first waiter claims the key and runs
 // the command; the others wait for that attempt and replay it.
-func TestWaiterRunsWhenTheOriginalFails(t *testing.T) { forEachStore(t, testWaiterRunsWhenTheOriginalFails) }
+func TestWaiterRunsWhenTheOriginalFails(t *testing.T) {
+	forEachStore(t, testWaiterRunsWhenTheOriginalFails)
+}
 
 func testWaiterRunsWhenTheOriginalFails(t *testing.T, st option) {
 	e := newEnv(t, st)
@@ -212,7 +216,9 @@ func TestWaitEnds(t *testing.T) {
 // TestUpstreamCallOutlivesTheClient: past the upstream timeout the client
 // gets 504 at once, with a hint to retry, while the call goes on; the
 // retry waits for it and replays it, and the upstream runs once.
-func TestUpstreamCallOutlivesTheClient(t *testing.T) { forEachStore(t, testUpstreamCallOutlivesTheClient) }
+func TestUpstreamCallOutlivesTheClient(t *testing.T) {
+	forEachStore(t, testUpstreamCallOutlivesTheClient)
+}
 
 func testUpstreamCallOutlivesTheClient(t *testing.T, st option) {
 	forEachMode(t, func(t *testing.T, mode idempotency.Mode) {
@@ -318,7 +324,9 @@ func testResetHeldOrReleased(t *testing.T, st option) {
 // hints off none does.
 func TestRetryHints(t *testing.T) {
 	e := newEnv(t, withMode(idempotency.ModeStrict), func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.MaxBodyBytes = 8 })
-	hint := func(resp *http.Response) string { return resp.Header.Get("X-Should-Retry") + "/" + resp.Header.Get("Stripe-Should-Retry") }
+	hint := func(resp *http.Response) string {
+		return resp.Header.Get("X-Should-Retry") + "/" + resp.Header.Get("Stripe-Should-Retry")
+	}
 	first := e.do(req{key: "k"})
 	wantStatus(t, first, http.StatusCreated)
 	for _, c := range []struct {
