@@ -175,6 +175,9 @@ type PolicyView struct {
 	KeyTTL          string `json:"key_ttl,omitempty"`
 	LockTimeout     string `json:"lock_timeout,omitempty"`
 	UpstreamTimeout string `json:"upstream_timeout,omitempty"`
+	CommandTimeout  string `json:"command_timeout,omitempty"`
+	InFlightWait    string `json:"in_flight_wait,omitempty"`
+	UnknownOutcome  string `json:"unknown_outcome,omitempty"`
 	SuccessStatus   string `json:"success_status,omitempty"`
 	ReplayMaxBytes  int64  `json:"replay_max_bytes,omitempty"`
 	MaxBodyBytes    int64  `json:"max_body_bytes,omitempty"`
@@ -231,9 +234,14 @@ func policyView(match string, c idempotency.Config, command string, requireKey [
 	if mode == "" {
 		mode = string(idempotency.ModeNoop)
 	}
+	wait := c.InFlightWait.String()
+	if c.InFlightWait < 0 {
+		wait = "0s"
+	}
 	return PolicyView{
 		Match: match, Command: command, Idempotency: "on", Mode: mode, RequireKey: req, Key: key.String(),
 		KeyTTL: c.KeyTTL.String(), LockTimeout: c.LockTimeout.String(), UpstreamTimeout: c.UpstreamTimeout.String(),
+		CommandTimeout: c.CommandTimeout.String(), InFlightWait: wait, UnknownOutcome: string(c.UnknownOutcome),
 		SuccessStatus: status, ReplayMaxBytes: c.ReplayMaxBytes, MaxBodyBytes: c.MaxBodyBytes,
 	}
 }
@@ -251,6 +259,18 @@ func (p *Proxy) RoutesInForce() RoutesView {
 	}
 	v.Routes, v.Default = rs.Policies(p.idem.Config())
 	return v
+}
+
+// MaxCommandTimeout is the longest command timeout of rs's routes, or
+// zero.
+func (rs *Routes) MaxCommandTimeout() time.Duration {
+	var d time.Duration
+	if rs != nil {
+		for _, r := range rs.Routes {
+			d = max(d, r.Overrides.CommandTimeout, r.Overrides.UpstreamTimeout)
+		}
+	}
+	return d
 }
 
 // MaxUpstreamTimeout is the longest upstream timeout of rs's routes, or

@@ -49,13 +49,15 @@ type Route struct {
 // routeFields are the fields of a route, in the order docs/routes.md
 // gives them.
 var routeFields = []string{"match", "command", "idempotency", "mode", "require_key", "key", "key_ttl", "lock_timeout",
-	"upstream_timeout", "success_status", "replay_max_bytes", "max_body_bytes"}
+	"upstream_timeout", "success_status", "replay_max_bytes", "max_body_bytes", "in_flight_wait", "command_timeout",
+	"unknown_outcome"}
 
 // routeField is the route field that sets an idempotency.Config field.
 var routeField = map[string]string{
 	"Mode": "mode", "KeyTTL": "key_ttl", "LockTimeout": "lock_timeout", "UpstreamTimeout": "upstream_timeout",
 	"SuccessStatus": "success_status", "ReplayMaxBytes": "replay_max_bytes", "MaxBodyBytes": "max_body_bytes",
-	"MaxBufferedBytes": "max_body_bytes",
+	"MaxBufferedBytes": "max_body_bytes", "InFlightWait": "in_flight_wait", "CommandTimeout": "command_timeout",
+	"UnknownOutcome": "unknown_outcome",
 }
 
 // RoutesError is one mistake in a routes file.
@@ -274,7 +276,7 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 				bad("%v", err)
 			}
 			o.Key = ks
-		case "key_ttl", "lock_timeout", "upstream_timeout":
+		case "key_ttl", "lock_timeout", "upstream_timeout", "command_timeout", "in_flight_wait":
 			d, err := time.ParseDuration(val)
 			switch {
 			case err != nil:
@@ -283,10 +285,19 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 				} else {
 					bad("must be a duration such as 30s, 500ms, 5m or 72h, got %q", val)
 				}
+			case d == 0 && k.Value == "in_flight_wait":
+				d = idempotency.NoWait // 0s: answer a duplicate at once
 			case d <= 0:
 				bad("must be a positive duration, got %s", val)
 			}
-			*map[string]*time.Duration{"key_ttl": &o.KeyTTL, "lock_timeout": &o.LockTimeout, "upstream_timeout": &o.UpstreamTimeout}[k.Value] = d
+			*map[string]*time.Duration{"key_ttl": &o.KeyTTL, "lock_timeout": &o.LockTimeout, "upstream_timeout": &o.UpstreamTimeout,
+				"command_timeout": &o.CommandTimeout, "in_flight_wait": &o.InFlightWait}[k.Value] = d
+		case "unknown_outcome":
+			u := idempotency.UnknownOutcome(strings.ToLower(val))
+			if u != idempotency.OutcomeHold && u != idempotency.OutcomeRelease {
+				bad("must be hold or release, got %q", val)
+			}
+			o.UnknownOutcome = u
 		case "success_status":
 			set, err := idempotency.ParseStatusSet(val)
 			if err != nil {

@@ -76,7 +76,12 @@ type Config struct {
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock, renewed every third of it while the command runs (after a crash the key frees within one lease); must exceed twice IDEMPROXY_STORE_TIMEOUT"`
 	RetryAfter      time.Duration `env:"IDEMPROXY_RETRY_AFTER" envDefault:"1s" desc:"Retry-After of a 409 in-progress, in whole seconds (at least 1, at most the lease left)"`
-	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"bound on a keyed command and on waiting for response headers"`
+	UpstreamTimeout time.Duration `env:"IDEMPROXY_UPSTREAM_TIMEOUT" envDefault:"30s" desc:"how long a client waits for the upstream's response headers: past it a keyed command's client gets 504 while the call goes on (IDEMPROXY_COMMAND_TIMEOUT); an unkeyed request gets 504"`
+	CommandTimeout  time.Duration `env:"IDEMPROXY_COMMAND_TIMEOUT" envDefault:"5m" desc:"bound on a keyed command's upstream call, which goes on past its client's 504 and is recorded when it answers; past it the outcome is unknown (IDEMPROXY_UNKNOWN_OUTCOME). Not below IDEMPROXY_UPSTREAM_TIMEOUT nor IDEMPROXY_IN_FLIGHT_WAIT"`
+	InFlightWait    time.Duration `env:"IDEMPROXY_IN_FLIGHT_WAIT" envDefault:"10s" desc:"how long a duplicate that meets its key in flight waits for the original's outcome, then answered as a retry after it (0s: 409 in-progress at once)"`
+	InFlightWaiters int           `env:"IDEMPROXY_IN_FLIGHT_WAITERS" envDefault:"1024" desc:"duplicates waiting at once in this replica; one more gets 409 in-progress at once"`
+	UnknownOutcome  outcomeName   `env:"IDEMPROXY_UNKNOWN_OUTCOME" envDefault:"hold" desc:"a command sent whose outcome can no longer be learnt (reset, IDEMPROXY_COMMAND_TIMEOUT passed): hold its key as outcome unknown for IDEMPROXY_KEY_TTL (a retry gets 409 outcome-unknown until an operator resolves it), or release it with its lease (a retry after that runs it again)"`
+	RetryHints      bool          `env:"IDEMPROXY_RETRY_HINTS" envDefault:"true" desc:"X-Should-Retry and Stripe-Should-Retry on idemproxy's own answers to keyed requests"`
 	StoreTimeout    time.Duration `env:"IDEMPROXY_STORE_TIMEOUT" envDefault:"5s" desc:"bound on each store operation"`
 	RequireKey      methodList    `env:"IDEMPROXY_REQUIRE_KEY" desc:"methods that must carry a key (e.g. POST,PUT)"`
 	MaxBodyBytes    int64         `env:"IDEMPROXY_MAX_BODY_BYTES" envDefault:"10485760" desc:"largest keyed request body (413 above)"`
@@ -93,6 +98,7 @@ type Config struct {
 	WriteTimeout      time.Duration `env:"IDEMPROXY_WRITE_TIMEOUT" envDefault:"30s" desc:"time each write of a response to a client may take (proxy listener): a client that stops reading is cut off (0: none)"`
 	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API, at least 16 bytes (e.g. openssl rand -hex 32); unset disables it"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
+	ShutdownTimeout   time.Duration `env:"IDEMPROXY_SHUTDOWN_TIMEOUT" envDefault:"0s" desc:"longest a graceful shutdown takes after SIGTERM: commands in flight and detached upstream calls still on at its end are cancelled and their keys held (0: the drain budget, enough for the longest command; idemproxy config prints it)"`
 	LogLevel          levelName     `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`
 	OTelEnabled       bool          `env:"IDEMPROXY_OTEL_ENABLED" envDefault:"false" desc:"export OpenTelemetry traces over OTLP/HTTP (configured by the standard OTEL_EXPORTER_OTLP_* variables)"`
 }
@@ -101,6 +107,7 @@ type Config struct {
 var (
 	stores        = choices{"memory", "postgres", "redis"}
 	modes         = choices{"noop", "strict", "replay"} // idempotency.Modes
+	outcomes      = choices{"hold", "release"}
 	tenantSources = choices{"header", "jwt"}
 	logLevels     = choices{"debug", "info", "warn", "error"}
 )
@@ -123,10 +130,15 @@ func (cs choices) String() string {
 // storeName, modeName and levelName are IDEMPROXY_STORE, IDEMPROXY_MODE
 // and IDEMPROXY_LOG_LEVEL: one of their choices, in any case.
 type (
-	storeName string
-	modeName  string
-	levelName string
+	storeName   string
+	modeName    string
+	levelName   string
+	outcomeName string
 )
+
+func (o *outcomeName) UnmarshalText(text []byte) error {
+	return choose((*string)(o), text, "IDEMPROXY_UNKNOWN_OUTCOME", outcomes)
+}
 
 func (s *storeName) UnmarshalText(text []byte) error {
 	return choose((*string)(s), text, "IDEMPROXY_STORE", stores)
@@ -362,6 +374,9 @@ func (c Config) numbers() []number {
 		duration("IDEMPROXY_KEY_TTL", c.KeyTTL),
 		duration("IDEMPROXY_LOCK_TIMEOUT", c.LockTimeout),
 		duration("IDEMPROXY_UPSTREAM_TIMEOUT", c.UpstreamTimeout),
+		duration("IDEMPROXY_COMMAND_TIMEOUT", c.CommandTimeout),
+		duration("IDEMPROXY_IN_FLIGHT_WAIT", c.InFlightWait).zeroMeans("no waiting"),
+		count("IDEMPROXY_IN_FLIGHT_WAITERS", c.InFlightWaiters).atMost(1 << 20),
 		duration("IDEMPROXY_RETRY_AFTER", c.RetryAfter),
 		duration("IDEMPROXY_STORE_TIMEOUT", c.StoreTimeout),
 		count("IDEMPROXY_MAX_BODY_BYTES", c.MaxBodyBytes),
@@ -374,6 +389,7 @@ func (c Config) numbers() []number {
 		duration("IDEMPROXY_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout),
 		count("IDEMPROXY_MAX_HEADER_BYTES", c.MaxHeaderBytes).atLeast(4096),
 		duration("IDEMPROXY_SHUTDOWN_DELAY", c.ShutdownDelay).zeroMeans("no delay"),
+		duration("IDEMPROXY_SHUTDOWN_TIMEOUT", c.ShutdownTimeout).zeroMeans("the drain budget"),
 		duration("IDEMPROXY_WRITE_TIMEOUT", c.WriteTimeout).zeroMeans("no write timeout"),
 	}
 }
@@ -557,20 +573,34 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// drainBudget is the longest a graceful shutdown takes: the delay, then
-// the longest a request that just started may take to send its body, run
-// and record (idempotency.Config.DrainBudget), and 5s for the
-// listeners to close. An orchestrator's grace period
-// (terminationGracePeriodSeconds) must cover it.
+// drainBudget is the longest a graceful shutdown takes:
+// IDEMPROXY_SHUTDOWN_TIMEOUT when set, or else the delay, then the longest
+// a command that just started may take to send its body, run (its
+// detached upstream call included) and record
+// (idempotency.Config.DrainBudget), and 5s for the listeners to close.
+// An orchestrator's grace period (terminationGracePeriodSeconds) must
+// cover it.
 func (c Config) drainBudget() time.Duration {
+	if c.ShutdownTimeout > 0 {
+		return c.ShutdownTimeout
+	}
 	pc, _ := c.proxyConfig(nil, nil, nil)
-	// A route may wait longer for its upstream than the default.
+	// A route may run its commands longer than the default.
 	if c.RoutesFile != "" {
 		if rs, err := proxy.LoadRoutes(c.RoutesFile, pc.Config); err == nil {
-			pc.UpstreamTimeout = max(pc.UpstreamTimeout, rs.MaxUpstreamTimeout())
+			pc.CommandTimeout = max(pc.CommandTimeout, rs.MaxCommandTimeout())
 		}
 	}
 	return c.ShutdownDelay + pc.DrainBudget() + 5*time.Second
+}
+
+// inFlightWait is IDEMPROXY_IN_FLIGHT_WAIT as the library takes it: 0s
+// turns waiting off.
+func (c Config) inFlightWait() time.Duration {
+	if c.InFlightWait == 0 {
+		return idempotency.NoWait
+	}
+	return c.InFlightWait
 }
 
 // logLevel is the slog level of IDEMPROXY_LOG_LEVEL, one of logLevels;
@@ -595,6 +625,11 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 			KeyTTL:           c.KeyTTL,
 			LockTimeout:      c.LockTimeout,
 			UpstreamTimeout:  c.UpstreamTimeout,
+			CommandTimeout:   c.CommandTimeout,
+			InFlightWait:     c.inFlightWait(),
+			InFlightWaiters:  c.InFlightWaiters,
+			UnknownOutcome:   idempotency.UnknownOutcome(c.UnknownOutcome),
+			NoRetryHints:     !c.RetryHints,
 			StoreTimeout:     c.StoreTimeout,
 			RetryAfter:       c.RetryAfter,
 			RequireKey:       c.RequireKey,

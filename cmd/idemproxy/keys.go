@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,18 +20,27 @@ import (
 )
 
 const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-json] [-admin ADDR]
-       idemproxy keys list -tenant UUID [-limit N] [-cursor C] [-json] [-admin ADDR]`
+       idemproxy keys list -tenant UUID [-state unknown] [-limit N] [-cursor C] [-json] [-admin ADDR]
+       idemproxy keys resolve -tenant UUID -key KEY -status N [-command ID] [-json] [-admin ADDR]`
 
 const keysUsage = keysSynopsis + `
 
 Talks to a running idemproxy's admin API (/v1/keys) with the bearer token
 in IDEMPROXY_ADMIN_TOKEN.
-  get     show the lock or record of a key
-  delete  remove it, to unstick a key after an incident (audit-logged)
-  list    a tenant's live locks and records, newest first, a page at a time,
-          then the command for the next page (on stderr with -json)
+  get      show the lock, record or held key of a key
+  delete   remove it, to unstick a key after an incident: a held key
+           (outcome unknown) is freed, and the next retry runs the
+           command (audit-logged)
+  list     a tenant's live locks, records and held keys, newest first, a
+           page at a time, then the command for the next page (on stderr
+           with -json); -state unknown lists the held keys alone
+  resolve  record a held key as succeeded with -status: the command took
+           effect, and retries replay it from then on (audit-logged);
+           -command names the held command, so that a key held again
+           for another command since is left alone
 
-get and list print a table; -json prints the admin API's JSON instead.
+get, list and resolve print a table; -json prints the admin API's JSON
+instead.
 
 Flags:
 `
@@ -47,16 +57,19 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		fmt.Fprint(stdout, strings.TrimSuffix(keysUsage, "Flags:\n"))
 		return nil
 	}
-	if op != "get" && op != "delete" && op != "list" {
+	if op != "get" && op != "delete" && op != "list" && op != "resolve" {
 		return fmt.Errorf("unknown keys command %q\n%s", op, keysSynopsis)
 	}
 	fs := flag.NewFlagSet("keys "+op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	tenant := fs.String("tenant", "", "tenant UUID")
-	key := fs.String("key", "", "idempotency key (get, delete)")
+	key := fs.String("key", "", "idempotency key (get, delete, resolve)")
+	state := fs.String("state", "", "list only the keys in this state: unknown, the held keys (list)")
+	status := fs.Int("status", 0, "the status code the held key's record replays (resolve)")
+	command := fs.String("command", "", "the held command's id, as get shows it (resolve; optional)")
 	limit := fs.Int("limit", 0, "most keys per page (list; default 50, at most 1000)")
 	cursor := fs.String("cursor", "", "continue a listing where the previous page ended (list)")
-	asJSON := fs.Bool("json", false, "print the admin API's JSON instead of a table (get, list)")
+	asJSON := fs.Bool("json", false, "print the admin API's JSON instead of a table (get, list, resolve)")
 	admin := fs.String("admin", getenv("IDEMPROXY_ADMIN_ADDR"),
 		"admin listener: host:port as in IDEMPROXY_ADMIN_ADDR (default), or a URL")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -78,6 +91,9 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		}
 		return fmt.Errorf("keys %s: %s required (idemproxy keys -h for the usage)", op, required)
 	}
+	if op == "resolve" && (*status < 100 || *status > 599) {
+		return fmt.Errorf("keys resolve: -status must be an HTTP status code from 100 to 599, such as 201 (idemproxy keys -h for the usage)")
+	}
 	base, err := adminURL(*admin)
 	if err != nil {
 		return fmt.Errorf("keys %s: -admin: %w", op, err)
@@ -88,7 +104,8 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 
 	q := url.Values{"tenant": {*tenant}}
-	method := http.MethodGet
+	method, path := http.MethodGet, "/v1/keys?"
+	var reqBody io.Reader
 	switch op {
 	case "delete":
 		method = http.MethodDelete
@@ -102,10 +119,18 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if *cursor != "" {
 			q.Set("cursor", *cursor)
 		}
+		if *state != "" {
+			q.Set("state", *state)
+		}
+	case "resolve":
+		method, path = http.MethodPost, "/v1/keys/resolve?"
+		q.Set("key", *key)
+		b, _ := json.Marshal(proxy.Resolution{Status: *status, CommandID: *command})
+		reqBody = bytes.NewReader(b)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, base+"/v1/keys?"+q.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, method, base+path+q.Encode(), reqBody)
 	if err != nil {
 		return fmt.Errorf("keys %s: %w", op, err)
 	}
@@ -120,7 +145,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	case resp.StatusCode == http.StatusNoContent:
 		fmt.Fprintf(stdout, "deleted tenant %s key %q\n", *tenant, *key)
 		return nil
-	case resp.StatusCode == http.StatusOK && op == "get" && !*asJSON:
+	case resp.StatusCode == http.StatusOK && (op == "get" || op == "resolve") && !*asJSON:
 		var view proxy.KeyView
 		if err := json.Unmarshal(body, &view); err != nil {
 			return fmt.Errorf("admin API: unreadable key: %w", err)
@@ -186,7 +211,7 @@ func nextPage(fs *flag.FlagSet) string {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	cmd := []string{"idemproxy", "keys", "list"}
-	for _, name := range []string{"tenant", "limit", "json", "admin"} {
+	for _, name := range []string{"tenant", "state", "limit", "json", "admin"} {
 		switch {
 		case !given[name]:
 		case name == "json":

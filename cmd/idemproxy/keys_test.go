@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -179,3 +181,65 @@ func TestKeysGetTable(t *testing.T) {
 
 // testAdminToken is an admin token long enough to be accepted.
 const testAdminToken = "admin-token-0123456789"
+
+// TestKeysHeld: a command whose upstream broke off is held; keys list
+// -state unknown lists it, keys resolve records it as succeeded, and the
+// client's retry then replays it without reaching the upstream.
+func TestKeysHeld(t *testing.T) {
+	var reset atomic.Bool
+	reset.Store(true)
+	up, calls := countingUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if reset.Load() {
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			conn.Close()
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL, "IDEMPROXY_ADMIN_TOKEN": testAdminToken})
+	tenant := uuid.NewString()
+	env := map[string]string{"IDEMPROXY_ADMIN_TOKEN": testAdminToken, "IDEMPROXY_ADMIN_ADDR": strings.TrimPrefix(s.admin, "http://")}
+	if resp := post(t, s.proxy+"/orders", "held-1", tenant, "x"); resp.StatusCode != http.StatusBadGateway || resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("reset: %d, X-Should-Retry %q; want 502 and false", resp.StatusCode, resp.Header.Get("X-Should-Retry"))
+	}
+	reset.Store(false)
+	post(t, s.proxy+"/orders", "recorded", tenant, "x")
+	if resp := post(t, s.proxy+"/orders", "held-1", tenant, "x"); resp.StatusCode != http.StatusConflict {
+		t.Fatalf("retry of a held key: %d, want 409", resp.StatusCode)
+	}
+
+	out, err := keysCmd(env, "list", "-tenant", tenant, "-state", "unknown")
+	if err != nil || !strings.Contains(out, "held-1") || strings.Contains(out, "recorded") || !strings.Contains(out, "unknown") {
+		t.Fatalf("keys list -state unknown: %q %v; want held-1 alone", out, err)
+	}
+	if _, err := keysCmd(env, "list", "-tenant", tenant, "-state", "stuck"); err == nil || !strings.Contains(err.Error(), "state") {
+		t.Errorf("keys list -state stuck: %v, want the admin API's refusal naming state", err)
+	}
+	for _, bad := range [][]string{{}, {"-status", "42"}} {
+		args := append([]string{"resolve", "-tenant", tenant, "-key", "held-1"}, bad...)
+		if _, err := keysCmd(env, args...); err == nil || !strings.Contains(err.Error(), "-status") {
+			t.Errorf("keys %v: %v, want -status refused", args, err)
+		}
+	}
+	out, err = keysCmd(env, "get", "-json", "-tenant", tenant, "-key", "held-1")
+	var view struct {
+		CommandID string `json:"command_id"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &view) != nil {
+		t.Fatalf("keys get: %q %v", out, err)
+	}
+	if _, err := keysCmd(env, "resolve", "-tenant", tenant, "-key", "held-1", "-status", "201", "-command", uuid.NewString()); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Errorf("keys resolve naming another command: %v, want 409", err)
+	}
+	out, err = keysCmd(env, "resolve", "-tenant", tenant, "-key", "held-1", "-status", "201", "-command", view.CommandID)
+	if err != nil || !strings.Contains(out, "succeeded") || !strings.Contains(out, "201") {
+		t.Fatalf("keys resolve: %q %v", out, err)
+	}
+	resp := post(t, s.proxy+"/orders", "held-1", tenant, "x")
+	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the resolution: %d, replayed %q; want the 201 replayed", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("upstream calls: %d, want 2 (the held command once, the other key once)", n)
+	}
+}

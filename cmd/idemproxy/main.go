@@ -115,8 +115,10 @@ Usage:
                                apply, roll back or show the Postgres migrations (IDEMPROXY_DATABASE_URL)
   idemproxy keys get|delete -tenant T -key K [-json] [-admin ADDR]
                                look up or delete a key through the admin API (IDEMPROXY_ADMIN_TOKEN)
-  idemproxy keys list -tenant T [-limit N] [-cursor C] [-json] [-admin ADDR]
-                               list a tenant's live keys, newest first (keys -h for more)
+  idemproxy keys list -tenant T [-state unknown] [-limit N] [-cursor C] [-json] [-admin ADDR]
+                               list a tenant's live keys (or its held keys alone), newest first (keys -h for more)
+  idemproxy keys resolve -tenant T -key K -status N [-command ID] [-admin ADDR]
+                               record a held key (outcome unknown) as succeeded with status N: retries replay it
   idemproxy routes check FILE  validate a routes file (IDEMPROXY_ROUTES_FILE) against the environment's settings
                                and print the effective policy of each route
   idemproxy healthcheck        exit 0 when the local /healthz answers (IDEMPROXY_ADMIN_ADDR)
@@ -233,6 +235,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	var draining atomic.Bool
 	admin, err := proxy.NewAdmin(proxy.AdminConfig{
 		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log, Routes: p.RoutesInForce,
+		KeyTTL: cfg.KeyTTL,
 	})
 	if err != nil {
 		return err
@@ -269,14 +272,21 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	}
 
 	// Drain: readiness turns false first, so load balancers stop sending
-	// new requests; then the listener closes and every command in flight
-	// finishes and writes its record.
+	// new requests; then the listener closes and every command in flight,
+	// detached upstream calls included, finishes and writes its record.
 	draining.Store(true)
 	log.Info("shutting down: draining in-flight requests", "delay", cfg.ShutdownDelay.String())
 	time.Sleep(cfg.ShutdownDelay)
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.drainBudget()-cfg.ShutdownDelay)
+	sctx, cancel := context.WithTimeout(context.Background(), max(cfg.drainBudget()-cfg.ShutdownDelay, time.Second))
 	defer cancel()
-	if err := errors.Join(proxySrv.Shutdown(sctx), adminSrv.Shutdown(sctx)); err != nil {
+	err = proxySrv.Shutdown(sctx)
+	// Detached upstream calls run on within the same budget; those still
+	// on at its end are cancelled, and their keys held, before the store
+	// closes.
+	if derr := p.Drain(sctx); derr != nil {
+		err = errors.Join(err, derr)
+	}
+	if err := errors.Join(err, adminSrv.Shutdown(sctx)); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	log.Info("stopped")

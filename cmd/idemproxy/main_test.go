@@ -386,7 +386,7 @@ func TestHelpListsEveryVariable(t *testing.T) {
 		name, def := f.Tag.Get("env"), f.Tag.Get("envDefault")
 		line := ""
 		for _, l := range strings.Split(out.String(), "\n") {
-			if strings.Contains(l, " "+name+" ") {
+			if strings.HasPrefix(strings.TrimSpace(l), name+" ") {
 				line = l
 			}
 		}
