@@ -39,7 +39,25 @@ type client struct {
 }
 
 // clients are the clients every scenario runs. Each allows enough retries
-// that its attempts span the upstream's first execution.
+// that its attempts span the upstream's first execution. What each retries,
+// read from its code at the pinned version:
+//
+//   - stripe-go v82: a transport error, http.Client.Timeout included (not a
+//     context deadline); every response of 400 or more whose body is not
+//     Stripe-shaped ({"error":{…}}), whatever its headers — so every
+//     problem+json of idemproxy's. Stripe-Should-Retry is read only for a
+//     status below 400. Backoff 0.5s·(1+n²), at most 5s. It decodes the
+//     body of a success after its retries: an empty noop replay fails.
+//     Without params.IdempotencyKey it sends a key of its own on POST.
+//   - go-retryablehttp DefaultRetryPolicy: transport errors
+//     (http.Client.Timeout included), 429, 5xx but 501; never a 409;
+//     ignores both hints; Retry-After only on 429 and 503. Backoff 1s·2ⁿ.
+//   - curl --retry: a timeout (--max-time), 408, 429, 500, 502, 503, 504;
+//     never a 409; ignores both hints; honours Retry-After. Backoff 1s·2ⁿ.
+//   - openai (and anthropic) Node: connection errors and its own timeout;
+//     X-Should-Retry first ("true": any non-2xx, "false": none), else 408,
+//     409, 429, 5xx; Retry-After(-Ms) as given. Backoff 0.5s·2ⁿ, at most
+//     8s. It sends no Idempotency-Key of its own: the caller sets one.
 var clients = []client{
 	{Name: "stripe-go", Mode: "replay", Path: "/v1/customers", Call: callStripe},
 	{Name: "go-retryablehttp", Mode: "noop", Path: "/v1/orders", Call: callRetryable},
