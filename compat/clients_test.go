@@ -65,6 +65,29 @@ var clients = []client{
 	{Name: "openai-node", Mode: "replay", Path: "/v1/orders", Call: callOpenAI},
 }
 
+// eachClient runs fn for every client, as parallel subtests of t.
+func eachClient(t *testing.T, fn func(t *testing.T, c client)) {
+	t.Helper()
+	for _, c := range clients {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, c)
+		})
+	}
+}
+
+// eachDeployment runs fn for every client on every deployment in ds, as
+// parallel subtests of t (deployment/client).
+func eachDeployment(t *testing.T, ds []deployment, fn func(t *testing.T, d deployment, c client)) {
+	t.Helper()
+	for _, d := range ds {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			eachClient(t, func(t *testing.T, c client) { fn(t, d, c) })
+		})
+	}
+}
+
 // tenantTransport sets the tenant header on every request, as a gateway
 // in front of the sidecar would.
 type tenantTransport struct{ tenant string }

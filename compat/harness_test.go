@@ -130,6 +130,37 @@ func storeEnv(t *testing.T, store string) map[string]string {
 	return nil
 }
 
+// deployment is how many sidecars share which store.
+type deployment struct {
+	Name     string
+	Replicas int
+	Store    string // "" for the memory store
+}
+
+var (
+	memory     = deployment{Name: "memory", Replicas: 1}
+	replicated = []deployment{
+		{Name: "postgres", Replicas: 2, Store: "postgres"},
+		{Name: "redis", Replicas: 2, Store: "redis"},
+	}
+	deployments = append([]deployment{memory}, replicated...)
+)
+
+// start runs d's sidecars in front of up with env, behind a front.
+func (d deployment) start(t *testing.T, up *upstream, env map[string]string) (*front, []*sidecar) {
+	t.Helper()
+	if d.Store != "" {
+		for k, v := range storeEnv(t, d.Store) {
+			env[k] = v
+		}
+	}
+	var sidecars []*sidecar
+	for range d.Replicas {
+		sidecars = append(sidecars, startSidecar(t, up.URL, env))
+	}
+	return newFront(t, sidecars...), sidecars
+}
+
 // sidecar is one idemproxy process.
 type sidecar struct {
 	URL   string // the proxy listener, http://host:port
@@ -507,15 +538,21 @@ func (r *recorder) Write(p []byte) (int, error) {
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // retried fails t unless the client sent more than one attempt (the
-// scenario made it retry) and its last attempt was a replay, not a run.
+// scenario made it retry) and its last attempt was a replay, not a run,
+// without retry hints: a replay passes on the upstream's answer, and
+// stripe-go retries even a success that says Stripe-Should-Retry: true.
 func retried(t *testing.T, f *front) []attempt {
 	t.Helper()
 	as := f.seen()
 	if len(as) < 2 {
 		t.Fatalf("attempts: got %v, want the first to fail and a retry", as)
 	}
-	if last := as[len(as)-1]; last.Replayed != "true" {
+	last := as[len(as)-1]
+	if last.Replayed != "true" {
 		t.Errorf("last attempt %v: want a replay (Idempotent-Replayed: true); all: %v", last, as)
+	}
+	if last.Hint != "" || last.StripeHint != "" {
+		t.Errorf("last attempt %v: want no retry hints on a replay", last)
 	}
 	return as
 }

@@ -9,24 +9,27 @@ import (
 // TestClientTimeout: the client gives up on its first attempt (timeout
 // 1s) while the upstream's first execution goes on (2.5s); its retries find
 // the key in flight, wait for that execution or come after it, and end in
-// the original result. The upstream ran once.
+// the original result. The upstream ran once. On the memory store, and on
+// two replicas sharing Postgres or Redis, where the front hands attempts
+// to them in turn: the client's retry lands on the other replica, which
+// waits for (or replays) the first one's command.
 func TestClientTimeout(t *testing.T) {
 	t.Parallel()
-	for _, c := range clients {
-		t.Run(c.Name, func(t *testing.T) {
-			t.Parallel()
-			up := newUpstream(t, slowRun, answer)
-			f := newFront(t, startSidecar(t, up.URL, map[string]string{"IDEMPROXY_MODE": c.Mode}))
-			tenant := newTenant()
-			o := call(t, c, f, tenant, newKey("timeout"), clientTimeout)
-			t.Logf("attempts: %v", f.seen())
-			run := up.ranOnce(t, tenant)
-			succeeded(t, c, o, run)
-			if as := retried(t, f); as[0].Status != 0 {
-				t.Errorf("first attempt %v: want the client to give up on it", as[0])
-			}
-		})
-	}
+	eachDeployment(t, deployments, func(t *testing.T, d deployment, c client) {
+		up := newUpstream(t, slowRun, answer)
+		f, _ := d.start(t, up, map[string]string{"IDEMPROXY_MODE": c.Mode})
+		tenant := newTenant()
+		o := call(t, c, f, tenant, newKey("timeout"), clientTimeout)
+		t.Logf("attempts: %v", f.seen())
+		succeeded(t, c, o, up.ranOnce(t, tenant))
+		as := retried(t, f)
+		if as[0].Status != 0 {
+			t.Errorf("first attempt %v: want the client to give up on it", as[0])
+		}
+		if d.Replicas > 1 && !anyOn(as[1:], 1-as[0].Backend) {
+			t.Errorf("no retry reached the other replica: %v", as)
+		}
+	})
 }
 
 // TestUpstreamTimeout: the sidecar's upstream timeout (1s) ends before the
@@ -35,58 +38,21 @@ func TestClientTimeout(t *testing.T) {
 // waits for that call or replays it. The upstream ran once.
 func TestUpstreamTimeout(t *testing.T) {
 	t.Parallel()
-	for _, c := range clients {
-		t.Run(c.Name, func(t *testing.T) {
-			t.Parallel()
-			up := newUpstream(t, slowRun, answer)
-			f := newFront(t, startSidecar(t, up.URL, map[string]string{
-				"IDEMPROXY_MODE":             c.Mode,
-				"IDEMPROXY_UPSTREAM_TIMEOUT": proxyTimeout.String(),
-			}))
-			tenant := newTenant()
-			o := call(t, c, f, tenant, newKey("upstream-timeout"), 10*time.Second)
-			t.Logf("attempts: %v", f.seen())
-			run := up.ranOnce(t, tenant)
-			succeeded(t, c, o, run)
-			as := retried(t, f)
-			if first := as[0]; first.Status != 504 || first.Hint != "true" || first.StripeHint != "true" {
-				t.Errorf("first attempt %v: want 504 with X-Should-Retry and Stripe-Should-Retry true", first)
-			}
+	eachClient(t, func(t *testing.T, c client) {
+		up := newUpstream(t, slowRun, answer)
+		f, _ := memory.start(t, up, map[string]string{
+			"IDEMPROXY_MODE":             c.Mode,
+			"IDEMPROXY_UPSTREAM_TIMEOUT": proxyTimeout.String(),
 		})
-	}
-}
-
-// TestReplicas is TestClientTimeout across two sidecars sharing a store:
-// the front hands attempts to them in turn, so the client's retry lands on
-// the other replica, which waits for (or replays) the first one's command.
-func TestReplicas(t *testing.T) {
-	t.Parallel()
-	for _, store := range []string{"postgres", "redis"} {
-		t.Run(store, func(t *testing.T) {
-			t.Parallel()
-			for _, c := range clients {
-				t.Run(c.Name, func(t *testing.T) {
-					t.Parallel()
-					env := storeEnv(t, store)
-					env["IDEMPROXY_MODE"] = c.Mode
-					up := newUpstream(t, slowRun, answer)
-					f := newFront(t, startSidecar(t, up.URL, env), startSidecar(t, up.URL, env))
-					tenant := newTenant()
-					o := call(t, c, f, tenant, newKey("replicas"), clientTimeout)
-					t.Logf("attempts: %v", f.seen())
-					run := up.ranOnce(t, tenant)
-					succeeded(t, c, o, run)
-					as := retried(t, f)
-					if as[0].Status != 0 {
-						t.Errorf("first attempt %v: want the client to give up on it", as[0])
-					}
-					if !anyOn(as[1:], 1-as[0].Backend) {
-						t.Errorf("no retry reached the other replica: %v", as)
-					}
-				})
-			}
-		})
-	}
+		tenant := newTenant()
+		o := call(t, c, f, tenant, newKey("upstream-timeout"), 10*time.Second)
+		t.Logf("attempts: %v", f.seen())
+		succeeded(t, c, o, up.ranOnce(t, tenant))
+		as := retried(t, f)
+		if first := as[0]; first.Status != 504 || first.Hint != "true" || first.StripeHint != "true" {
+			t.Errorf("first attempt %v: want 504 with X-Should-Retry and Stripe-Should-Retry true", first)
+		}
+	})
 }
 
 // promptCall is how long a call may take in these scenarios: the upstream
@@ -121,7 +87,7 @@ func anyOn(as []attempt, b int) bool {
 func TestStrictReplayNotRetried(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, 0, answer)
-	f := newFront(t, startSidecar(t, up.URL, map[string]string{"IDEMPROXY_MODE": "strict"}))
+	f, _ := memory.start(t, up, map[string]string{"IDEMPROXY_MODE": "strict"})
 	tenant, key := newTenant(), newKey("strict")
 
 	first := runOpenAI(t, f.URL, tenant, key, 10*time.Second, 3)
@@ -157,7 +123,7 @@ func TestStrictReplayNotRetried(t *testing.T) {
 func TestStripeNoopReplayIsNotDecodable(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t, 0, answer)
-	f := newFront(t, startSidecar(t, up.URL, map[string]string{"IDEMPROXY_MODE": "noop"}))
+	f, _ := memory.start(t, up, map[string]string{"IDEMPROXY_MODE": "noop"})
 	tenant, key := newTenant(), newKey("stripe-noop")
 	if o := callStripe(t, f.URL, tenant, key, 10*time.Second); o.Err != nil {
 		t.Fatalf("first call: %v", o.Err)
