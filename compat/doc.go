@@ -9,5 +9,7 @@
 // It is a module of its own so that the clients are never dependencies of
 // idemproxy itself. Run it from this directory:
 //
-//	(cd node && npm ci) && go test -count=1 ./...
+//	(cd node && npm ci) && go test -count=1 -parallel 4 ./...
+//
+// COMPAT_BINARY names a sidecar binary to test instead of building one.
 package compat

@@ -36,10 +36,15 @@ const (
 	proxyTimeout  = 1 * time.Second
 )
 
-// binary is the idemproxy executable TestMain built for this run.
+// binary is the idemproxy executable under test: COMPAT_BINARY when set
+// (a release build, say), otherwise the one TestMain builds from the
+// parent module for this run.
 var binary string
 
 func TestMain(m *testing.M) {
+	if binary = os.Getenv("COMPAT_BINARY"); binary != "" {
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "idemproxy-compat-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "compat:", err)

@@ -35,12 +35,13 @@ func TestClientTimeout(t *testing.T) {
 // TestUpstreamTimeout: the sidecar's upstream timeout (1s) ends before the
 // upstream's first execution (2.5s). The client gets 504 with
 // X-Should-Retry: true at once while the call goes on, detached; its retry
-// waits for that call or replays it. The upstream ran once.
+// waits for that call or replays it — on the other replica too. The
+// upstream ran once.
 func TestUpstreamTimeout(t *testing.T) {
 	t.Parallel()
-	eachClient(t, func(t *testing.T, c client) {
+	eachDeployment(t, deployments, func(t *testing.T, d deployment, c client) {
 		up := newUpstream(t, slowRun, answer)
-		f, _ := memory.start(t, up, map[string]string{
+		f, _ := d.start(t, up, map[string]string{
 			"IDEMPROXY_MODE":             c.Mode,
 			"IDEMPROXY_UPSTREAM_TIMEOUT": proxyTimeout.String(),
 		})
