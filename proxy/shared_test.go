@@ -190,3 +190,72 @@ func getStatus(t *testing.T, url string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// TestWaitAcrossReplicas: a duplicate on replica B of a command running
+// on replica A waits for it and replays it, learning of its end from the
+// shared store (the poll: within 100 ms plus one lookup); and a duplicate
+// of a command whose replica died claims the key when the dead owner's
+// lease ends, and runs it once.
+func TestWaitAcrossReplicas(t *testing.T) { forEachSharedStore(t, testWaitAcrossReplicas) }
+
+func testWaitAcrossReplicas(t *testing.T, b *backend) {
+	t.Run("the original on another replica", func(t *testing.T) {
+		up := newUpstream(t)
+		gate, entered := make(chan struct{}), make(chan struct{}, 1)
+		up.set(func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-gate
+			w.WriteHeader(http.StatusCreated)
+		})
+		a, bb := replica(t, up, b.open()), replica(t, up, b.open())
+		tenant := uuid.New()
+		firstDone := make(chan time.Time, 1)
+		go func() {
+			send(t, a.URL, "k", tenant, "x")
+			firstDone <- time.Now()
+		}()
+		<-entered
+		type answer struct {
+			status   int
+			replayed string
+			at       time.Time
+		}
+		dup := make(chan answer, 1)
+		go func() {
+			status, h := send(t, bb.URL, "k", tenant, "x")
+			dup <- answer{status, h.Get("Idempotent-Replayed"), time.Now()}
+		}()
+		// The duplicate is waiting on B when the original ends on A.
+		time.Sleep(300 * time.Millisecond)
+		close(gate)
+		done := <-firstDone
+		got := <-dup
+		if got.status != http.StatusCreated || got.replayed != "true" {
+			t.Fatalf("the duplicate on the other replica: %d, replayed %q; want the 201 replayed", got.status, got.replayed)
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Fatalf("upstream calls: %d, want 1", n)
+		}
+		t.Logf("the duplicate on the other replica answered %s after the original's client", got.at.Sub(done).Round(time.Millisecond))
+	})
+	t.Run("the original's replica died", func(t *testing.T) {
+		up := newUpstream(t)
+		st := b.open()
+		srv := replica(t, up, st)
+		tenant := uuid.New()
+		const lease = 2 * time.Second
+		dead := idemproxy.Claim{
+			Tenant: tenant, Key: "k", Fingerprint: idempotency.Fingerprint(http.MethodPost, "/orders", "", []byte("x")),
+			CommandID: uuid.New(), CommandType: "POST /orders", Owner: uuid.New(), Lease: lease,
+		}
+		if res, err := st.Claim(context.Background(), dead); err != nil || !res.Claimed {
+			t.Fatalf("claim of the replica that dies: %+v %v", res, err)
+		}
+		if status, h := send(t, srv.URL, "k", tenant, "x"); status != http.StatusCreated || h.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("the duplicate of a dead owner's command: %d, replayed %q; want it run, 201", status, h.Get("Idempotent-Replayed"))
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Fatalf("upstream calls: %d, want 1", n)
+		}
+	})
+}
