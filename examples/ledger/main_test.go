@@ -199,20 +199,30 @@ func TestFailRollsBackAndFreesKey(t *testing.T) {
 }
 
 // TestDuplicateDuringSlowTransaction: while a transfer sleeps in its
-// transaction (delay=3s), a duplicate is answered 409 in-progress with
-// Retry-After before the first one completes, and does not run.
+// transaction (delay=3s), a duplicate does not run. In the transactional
+// form it is answered 409 in-progress with Retry-After before the first
+// one completes (the open transaction holds the key: nothing to wait on
+// without holding a transaction open too); without a transaction it
+// waits for the first one's outcome and replays it.
 func TestDuplicateDuringSlowTransaction(t *testing.T) {
-	forms(t, func(t *testing.T, l *ledger) {
-		entered := make(chan struct{}, 2)
-		l.app.afterWrites = func() { entered <- struct{}{} }
-		firstDone := make(chan answer, 1)
-		go func() { firstDone <- l.post("t-slow", "delay=3s", transferBody) }()
-		select {
-		case <-entered:
-		case a := <-firstDone:
-			t.Fatalf("the slow transfer answered %d %q before its writes", a.status, a.body)
-		}
-		dup := l.post("t-slow", "delay=3s", transferBody)
+	for _, transactional := range []bool{true, false} {
+		name := map[bool]string{true: "transactional", false: "non-transactional"}[transactional]
+		t.Run(name, func(t *testing.T) { testDuplicateDuringSlowTransaction(t, startLedger(t, transactional), transactional) })
+	}
+}
+
+func testDuplicateDuringSlowTransaction(t *testing.T, l *ledger, transactional bool) {
+	entered := make(chan struct{}, 2)
+	l.app.afterWrites = func() { entered <- struct{}{} }
+	firstDone := make(chan answer, 1)
+	go func() { firstDone <- l.post("t-slow", "delay=3s", transferBody) }()
+	select {
+	case <-entered:
+	case a := <-firstDone:
+		t.Fatalf("the slow transfer answered %d %q before its writes", a.status, a.body)
+	}
+	dup := l.post("t-slow", "delay=3s", transferBody)
+	if transactional {
 		select {
 		case a := <-firstDone:
 			t.Fatalf("the duplicate was answered (%d) only after the slow transfer completed (%d)", dup.status, a.status)
@@ -221,17 +231,20 @@ func TestDuplicateDuringSlowTransaction(t *testing.T) {
 		if dup.status != http.StatusConflict || !strings.Contains(dup.body, "problems/in-progress") || dup.header.Get("Retry-After") == "" {
 			t.Fatalf("duplicate: %d %q (Retry-After %q), want 409 in-progress with Retry-After", dup.status, dup.body, dup.header.Get("Retry-After"))
 		}
-		first := <-firstDone
-		if first.status != http.StatusCreated {
-			t.Fatalf("the slow transfer: %d %q, want 201", first.status, first.body)
-		}
-		if len(entered) != 0 {
-			t.Fatal("the duplicate ran the handler")
-		}
-		if got := l.transfers("m-1"); got != 1 {
-			t.Fatalf("%d transfers, want 1", got)
-		}
-	})
+	}
+	first := <-firstDone
+	if first.status != http.StatusCreated {
+		t.Fatalf("the slow transfer: %d %q, want 201", first.status, first.body)
+	}
+	if !transactional && (dup.status != http.StatusCreated || !dup.replayed || dup.body != first.body) {
+		t.Fatalf("duplicate: %d %q (replayed %v), want the slow transfer's 201 replayed: %q", dup.status, dup.body, dup.replayed, first.body)
+	}
+	if len(entered) != 0 {
+		t.Fatal("the duplicate ran the handler")
+	}
+	if got := l.transfers("m-1"); got != 1 {
+		t.Fatalf("%d transfers, want 1", got)
+	}
 }
 
 // TestBadInput: a bad delay, fail or body is a 400 problem naming it;
