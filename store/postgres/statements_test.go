@@ -120,6 +120,9 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 		"lookupSQL":   {pgUUID(tenant), "k"},
 		"deleteSQL":   {pgUUID(tenant), "k"},
 		"listSQL":     {pgUUID(tenant), now, "", 10},
+		"listHeldSQL": {pgUUID(tenant), now, "", 10},
+		"holdSQL":     {pgUUID(tenant), "k", owner, ttl},
+		"resolveSQL":  {pgUUID(tenant), "k", owner, status, ttl},
 		"ClaimBatchSQL": {pgUUID(tenant), keys, owners, []string{"t", "t"}, owners,
 			[][]byte{c.Fingerprint[:], c.Fingerprint[:]}, []int64{1, 1}, int64(1)},
 		"CompleteBatchSQL": {pgUUID(tenant), keys, owners, []int32{status, status}, []pgtype.Text{{}, {}},
@@ -134,7 +137,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 			"b", owner, "t", owner, c.Fingerprint[:], int64(1)},
 	}
 	spansTenants := map[string]bool{"purgeSQL": true, "purgeAllSQL": true}
-	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true}
+	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true, "heldAdmitted": true}
 	// The pieces statements are built from (entryHead, claimTakeover…)
 	// need no check of their own.
 	pieces := map[string]bool{"entryHead": true, "entryColumns": true, "claimTakeover": true,

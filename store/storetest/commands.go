@@ -20,13 +20,18 @@ import (
 // idempotency.Config.Transactional.
 
 // commandStep returns a step on h's store for the command subtests, in
-// mode, transactional or not; it is closed when the test ends.
-func commandStep(t *testing.T, h Harness, mode idempotency.Mode, transactional bool, lease time.Duration) *idempotency.Step {
+// mode, transactional or not, with adjust applied to its settings; it is
+// closed when the test ends.
+func commandStep(t *testing.T, h Harness, mode idempotency.Mode, transactional bool, lease time.Duration, adjust ...func(*idempotency.Config)) *idempotency.Step {
 	t.Helper()
-	g, err := idempotency.New(idempotency.Config{
+	cfg := idempotency.Config{
 		Store: h.Store, Mode: mode, Transactional: transactional,
 		LockTimeout: lease, StoreTimeout: lease / 3, RetryAfter: time.Second, KeyTTL: time.Hour,
-	})
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	g, err := idempotency.New(cfg)
 	if err != nil {
 		t.Fatalf("idempotency.New: %v", err)
 	}
@@ -187,10 +192,13 @@ func testCommandFailureFreesKey(t *testing.T, h Harness) {
 // fingerprint it gets ErrKeyReused (or, in a transaction whose row cannot
 // be read yet, ErrInProgress). The lease is short and the command
 // outlives it: renewals (or the open transaction) keep the key.
+// noWait turns the in-flight wait off.
+func noWait(c *idempotency.Config) { c.InFlightWait = idempotency.NoWait }
+
 func testCommandInProgress(t *testing.T, h Harness) {
 	eachCommandForm(t, h, func(t *testing.T, tx bool) {
 		const lease = 1500 * time.Millisecond
-		g := commandStep(t, h, idempotency.ModeNoop, tx, lease)
+		g := commandStep(t, h, idempotency.ModeNoop, tx, lease, noWait)
 		cmd := idempotency.Command{Tenant: uuid.New(), Key: "k", Type: "t"}
 		started, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
@@ -239,6 +247,104 @@ func testCommandInProgress(t *testing.T, h Harness) {
 
 // testCommandRace: racing duplicates run the function once; every other
 // gets a replay or ErrInProgress.
+// testCommandWaits: a duplicate in flight waits for the original's
+// outcome: it replays a success, runs the function itself after a
+// failure (once, of two waiters), and is answered ErrInProgress when its
+// context ends first. In a transaction it is answered at once.
+func testCommandWaits(t *testing.T, h Harness) {
+	eachCommandForm(t, h, func(t *testing.T, tx bool) {
+		g := commandStep(t, h, idempotency.ModeReplay, tx, 3*time.Second)
+		run := func(cmd idempotency.Command, result error) (started, release chan struct{}, done chan error) {
+			started, release, done = make(chan struct{}), make(chan struct{}), make(chan error, 1)
+			go func() {
+				_, err := g.Run(context.Background(), cmd, func(context.Context) ([]byte, error) {
+					close(started)
+					<-release
+					return []byte("first"), result
+				})
+				done <- err
+			}()
+			<-started
+			return started, release, done
+		}
+		type answer struct {
+			res idempotency.Result
+			err error
+		}
+		dup := func(ctx context.Context, cmd idempotency.Command, fn func(context.Context) ([]byte, error)) <-chan answer {
+			out := make(chan answer, 1)
+			go func() {
+				res, err := g.Run(ctx, cmd, fn)
+				out <- answer{res, err}
+			}()
+			return out
+		}
+
+		// A success: the duplicate replays it.
+		cmd := idempotency.Command{Tenant: uuid.New(), Key: "k", Type: "t"}
+		_, release, done := run(cmd, nil)
+		fn, runs := counted("dup")
+		waiting := dup(t.Context(), cmd, fn)
+		if tx {
+			a := <-waiting
+			if !errors.Is(a.err, idempotency.ErrInProgress) {
+				t.Fatalf("a duplicate in a transaction: %+v, %v; want ErrInProgress at once", a.res, a.err)
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		select {
+		case a := <-waiting:
+			t.Fatalf("the duplicate was answered (%+v, %v) while the original ran", a.res, a.err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if a := <-waiting; a.err != nil || !a.res.Replayed || string(a.res.Data) != "first" {
+			t.Fatalf("the waiting duplicate: %+v, %v; want the first run's result replayed", a.res, a.err)
+		}
+		wantRuns(t, runs, 0)
+
+		// A failure: one of two waiters runs the function, the other
+		// replays its run.
+		cmd.Key = "k-failed"
+		_, release, done = run(cmd, errors.New("failed"))
+		fn, runs = counted("second")
+		a, b := dup(t.Context(), cmd, fn), dup(t.Context(), cmd, fn)
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		if err := <-done; err == nil {
+			t.Fatal("the failing original succeeded")
+		}
+		ra, rb := <-a, <-b
+		if ra.err != nil || rb.err != nil || ra.res.Replayed == rb.res.Replayed {
+			t.Fatalf("waiters after a failure: %+v %v and %+v %v; want one run and one replay", ra.res, ra.err, rb.res, rb.err)
+		}
+		wantRuns(t, runs, 1)
+
+		// A waiter whose context ends stops waiting.
+		cmd.Key = "k-gone"
+		_, release, done = run(cmd, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		gone := dup(ctx, cmd, fn)
+		time.Sleep(100 * time.Millisecond) // claimed, and waiting
+		cancel()
+		if a := <-gone; !errors.Is(a.err, idempotency.ErrInProgress) {
+			t.Fatalf("a waiter whose context ended: %+v, %v; want ErrInProgress", a.res, a.err)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		wantRuns(t, runs, 1)
+	})
+}
+
 func testCommandRace(t *testing.T, h Harness) {
 	eachCommandForm(t, h, func(t *testing.T, tx bool) {
 		g := commandStep(t, h, idempotency.ModeNoop, tx, 3*time.Second)
