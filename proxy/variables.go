@@ -40,6 +40,10 @@ var variables = map[string]string{
 	"redis.Options.OpTimeout":    "IDEMPROXY_STORE_TIMEOUT",
 
 	"tenancy.Config.Sources":     "IDEMPROXY_TENANT_SOURCE",
+	"tenancy.Config.Format":      "IDEMPROXY_TENANT_FORMAT",
+	"tenancy.Config.Static":      "IDEMPROXY_TENANT_STATIC",
+	"tenancy.Config.PathPattern": "IDEMPROXY_TENANT_PATH",
+	"tenancy.Config.HostPattern": "IDEMPROXY_TENANT_HOST",
 	"tenancy.Config.Header":      "IDEMPROXY_TENANT_HEADER",
 	"tenancy.Config.Claim":       "IDEMPROXY_JWT_CLAIM",
 	"tenancy.Config.HS256Secret": "IDEMPROXY_JWT_HS256_SECRET",
