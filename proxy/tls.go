@@ -3,10 +3,10 @@ package proxy
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
-	"fmt"
 	"os"
 	"sync/atomic"
+
+	"github.com/idemproxy/idemproxy"
 )
 
 // TLSFiles names the PEM files of a TLS listener.
@@ -32,8 +32,9 @@ type Certificates struct {
 	config atomic.Pointer[tls.Config]
 }
 
-// LoadCertificates reads the files; an error names the file that cannot
-// be used and why.
+// LoadCertificates reads the files; an error names each file that cannot
+// be used and why (*idemproxy.ConfigError values naming TLSFiles'
+// fields).
 func LoadCertificates(files TLSFiles) (*Certificates, error) {
 	c := &Certificates{files: files}
 	if err := c.Reload(); err != nil {
@@ -55,14 +56,41 @@ func (c *Certificates) Reload() error {
 	return nil
 }
 
-// load reads the files into a listener's configuration.
+// Validate reads the files as LoadCertificates does and reports every one
+// that cannot be used, as *idemproxy.ConfigError values joined in one
+// error.
+func (f TLSFiles) Validate() error {
+	_, err := f.load()
+	return err
+}
+
+// load reads the files into a listener's configuration. Its errors are
+// *idemproxy.ConfigError values naming the file's field.
 func (f TLSFiles) load() (*tls.Config, error) {
-	if f.CertFile == "" || f.KeyFile == "" {
-		return nil, errors.New("tls: a certificate file and a key file are both required")
+	errs := idemproxy.ConfigErrors{Struct: "proxy.TLSFiles"}
+	read := func(field, path string) []byte {
+		if path == "" {
+			errs.Add(field, "is required for TLS: both {CertFile} and {KeyFile}, PEM files")
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			errs.Add(field, "cannot be read: %v", err)
+		}
+		return b
 	}
-	pair, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+	certPEM, keyPEM := read("CertFile", f.CertFile), read("KeyFile", f.KeyFile)
+	var caPEM []byte
+	if f.ClientCAFile != "" {
+		caPEM = read("ClientCAFile", f.ClientCAFile)
+	}
+	if err := errs.Err(); err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("tls: certificate %s and key %s: %w", f.CertFile, f.KeyFile, err)
+		errs.Add("KeyFile", "and {CertFile} are not a certificate and its private key in PEM: %v", err)
+		return nil, errs.Err()
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
@@ -74,13 +102,10 @@ func (f TLSFiles) load() (*tls.Config, error) {
 	if f.ClientCAFile == "" {
 		return cfg, nil
 	}
-	pemBytes, err := os.ReadFile(f.ClientCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("tls: client CA file: %w", err)
-	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return nil, fmt.Errorf("tls: client CA file %s holds no PEM certificate", f.ClientCAFile)
+	if !pool.AppendCertsFromPEM(caPEM) {
+		errs.Add("ClientCAFile", "holds no PEM certificate (%s)", f.ClientCAFile)
+		return nil, errs.Err()
 	}
 	cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, pool
 	return cfg, nil

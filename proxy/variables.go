@@ -8,6 +8,10 @@ import "maps"
 var variables = map[string]string{
 	"proxy.Config.Upstream": "IDEMPROXY_UPSTREAM_URL",
 
+	"proxy.TLSFiles.CertFile":     "IDEMPROXY_TLS_CERT_FILE",
+	"proxy.TLSFiles.KeyFile":      "IDEMPROXY_TLS_KEY_FILE",
+	"proxy.TLSFiles.ClientCAFile": "IDEMPROXY_TLS_CLIENT_CA_FILE",
+
 	"idempotency.Config.Mode":             "IDEMPROXY_MODE",
 	"idempotency.Config.SuccessStatus":    "IDEMPROXY_SUCCESS_STATUS",
 	"idempotency.Config.KeyTTL":           "IDEMPROXY_KEY_TTL",

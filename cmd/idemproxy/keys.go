@@ -18,8 +18,8 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-json] [-admin ADDR]
-       idemproxy keys list -tenant UUID [-limit N] [-cursor C] [-json] [-admin ADDR]`
+const keysSynopsis = `usage: idemproxy keys get|delete -tenant TENANT -key KEY [-json] [-admin ADDR]
+       idemproxy keys list -tenant TENANT [-limit N] [-cursor C] [-json] [-admin ADDR]`
 
 const keysUsage = keysSynopsis + `
 
@@ -29,6 +29,10 @@ in IDEMPROXY_ADMIN_TOKEN.
   delete  remove it, to unstick a key after an incident (audit-logged)
   list    a tenant's live locks and records, newest first, a page at a time,
           then the command for the next page (on stderr with -json)
+
+TENANT is the tenant's UUID or, when the proxy runs with
+IDEMPROXY_TENANT_FORMAT=any, the tenant string its clients send (acme):
+the proxy finds it under that string's UUID.
 
 get and list print a table; -json prints the admin API's JSON instead.
 
@@ -52,7 +56,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	fs := flag.NewFlagSet("keys "+op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	tenant := fs.String("tenant", "", "tenant UUID")
+	tenant := fs.String("tenant", "", "tenant: its UUID, or its string under IDEMPROXY_TENANT_FORMAT=any")
 	key := fs.String("key", "", "idempotency key (get, delete)")
 	limit := fs.Int("limit", 0, "most keys per page (list; default 50, at most 1000)")
 	cursor := fs.String("cursor", "", "continue a listing where the previous page ended (list)")
