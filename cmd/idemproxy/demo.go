@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // orders is the bundled demo upstream: a tiny, deliberately non-idempotent
@@ -200,8 +202,8 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 			try += " --cert acme.pem --key acme-key.pem"
 		}
 	}
-	if !singleTenant {
-		try += " -H 'X-Tenant-ID: " + demoTenant + "'"
+	if !singleTenant && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
+		try += " -H '" + cfg.TenantHeader + ": " + demoTenant + "'"
 	}
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
 		"orders", upstream, "tenant_source", strings.Join(cfg.TenantSource, ","), "try", try+` -d '{"item":"book"}'`)

@@ -66,6 +66,16 @@ func NewCA(name string) (*CA, error) {
 	return &CA{Cert: cert, Key: key, PEM: pemBlock("CERTIFICATE", der)}, nil
 }
 
+// KeyPEM is the CA's private key, PEM-encoded (PKCS #8), to issue more
+// certificates with another tool.
+func (ca *CA) KeyPEM() ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	return pemBlock("PRIVATE KEY", der), nil
+}
+
 // Server issues a server certificate for hosts: DNS names and IP
 // addresses.
 func (ca *CA) Server(hosts ...string) (*Issued, error) {
