@@ -309,12 +309,10 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 				bad("%v", err)
 				break
 			}
-			// The list itself (duplicates, static last); the settings the
-			// sources need are checked against the proxy's by CheckTenancy.
-			for _, e := range flattenErrors(tenancy.Config{Sources: srcs}.Validate()) {
-				if ce, ok := e.(*idemproxy.ConfigError); ok && ce.Field == "Sources" {
-					bad("%s", ce.Reason)
-				}
+			// The list itself; the settings the sources need are checked
+			// against the proxy's by CheckTenancy.
+			for _, e := range flattenErrors(tenancy.CheckSources(srcs)) {
+				bad("%v", e)
 			}
 			r.Tenant = srcs
 		}

@@ -10,7 +10,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
@@ -236,14 +238,17 @@ func TestAdminTenantFormat(t *testing.T) {
 // patterns and static tenant; requests elsewhere use the proxy's sources.
 func TestRouteTenant(t *testing.T) {
 	static := uuid.New()
+	secret := []byte("0123456789abcdef0123456789abcdef")
 	e := newEnv(t, withTenancy(func(tc *tenancy.Config) {
-		tc.PathPattern, tc.Static = "/accounts/{tenant}/*", static.String()
+		tc.PathPattern, tc.Static, tc.HS256Secret = "/accounts/{tenant}/*", static.String(), secret
 	}), withRoutes(`
 routes:
   - match: "POST /accounts/{id}/charges"
     tenant: "path"
   - match: "POST /single"
     tenant: "Header, STATIC"
+  - match: "POST /signed"
+    tenant: "jwt"
 `))
 	acct := uuid.New()
 	for range 2 {
@@ -253,12 +258,27 @@ routes:
 	e.lookupIn(acct, "k")
 	wantStatus(t, e.do(req{path: "/single", key: "k", body: "x", tenant: "-"}), http.StatusCreated)
 	e.lookupIn(static, "k")
-	// Elsewhere the proxy's sources (header) apply: no header, no tenant.
+	// A route may verify tokens though the proxy's sources do not; a bad
+	// token is a 401 there, and the header is no source.
+	signer := uuid.New()
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"tenant_id": signer.String(), "exp": time.Now().Add(time.Hour).Unix(),
+	}).SignedString(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, e.do(req{path: "/signed", key: "k", body: "x", tenant: "-", headers: map[string]string{"Authorization": "Bearer " + tok}}), http.StatusCreated)
+	e.lookupIn(signer, "k")
+	wantProblem(t, e.do(req{path: "/signed", key: "k2", body: "x", tenant: "-", headers: map[string]string{"Authorization": "Bearer x.y.z"}}), http.StatusUnauthorized, "unauthorized")
+	wantProblem(t, e.do(req{path: "/signed", key: "k3", body: "x"}), http.StatusBadRequest, "tenant-required")
+	// Elsewhere the proxy's sources (header) apply: no header, no tenant,
+	// and a bearer token is the upstream's business.
 	wantProblem(t, e.do(req{path: "/accounts/" + acct.String() + "/refunds", key: "k", body: "x", tenant: "-"}), http.StatusBadRequest, "tenant-required")
-	e.wantCalls(2)
+	wantStatus(t, e.do(req{path: "/other", key: "k", body: "x", headers: map[string]string{"Authorization": "Bearer x.y.z"}}), http.StatusCreated)
+	e.wantCalls(4)
 
 	views := e.proxy.RoutesInForce()
-	if got := []string{views.Routes[0].Tenant, views.Routes[1].Tenant, views.Default.Tenant}; got[0] != "path" || got[1] != "header,static" || got[2] != "header" {
+	if got := []string{views.Routes[0].Tenant, views.Routes[1].Tenant, views.Routes[2].Tenant, views.Default.Tenant}; got[0] != "path" || got[1] != "header,static" || got[2] != "jwt" || got[3] != "header" {
 		t.Errorf("tenant sources in force: %q", got)
 	}
 }

@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"log"
@@ -67,13 +66,13 @@ func mustCA(t *testing.T, name string) *democert.CA {
 	return ca
 }
 
-func mustClient(t *testing.T, ca *democert.CA, cn string, uris ...string) tls.Certificate {
+func mustClient(t *testing.T, ca *democert.CA, cn string, uris ...string) *democert.Issued {
 	t.Helper()
 	c, err := ca.Client(cn, uris...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.TLS()
+	return c
 }
 
 func writeFile(t *testing.T, path string, b []byte) {
@@ -98,17 +97,14 @@ func serveTLS(t *testing.T, h http.Handler, certs *proxy.Certificates) string {
 }
 
 // tlsClient trusts ca and presents cert, if given, whichever CAs the
-// server asks for (crypto/tls would otherwise send none that another CA
-// issued).
-func tlsClient(t *testing.T, ca *democert.CA, cert ...tls.Certificate) *http.Client {
+// server asks for.
+func tlsClient(t *testing.T, ca *democert.CA, cert ...*democert.Issued) *http.Client {
 	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	cfg := &tls.Config{RootCAs: roots}
+	var c *democert.Issued
 	if len(cert) > 0 {
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert[0], nil }
+		c = cert[0]
 	}
-	tr := &http.Transport{TLSClientConfig: cfg}
+	tr := &http.Transport{TLSClientConfig: democert.ClientTLS(ca, c)}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
 }

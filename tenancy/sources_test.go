@@ -401,3 +401,17 @@ func FuzzFormatAny(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckSources: the list alone is checked, not the settings its
+// sources need (a route's list is checked against the proxy's settings
+// later).
+func TestCheckSources(t *testing.T) {
+	if err := tenancy.CheckSources(sources(tenancy.SourceJWT, tenancy.SourcePath, tenancy.SourceStatic)); err != nil {
+		t.Errorf("jwt,path,static: %v", err)
+	}
+	for _, bad := range [][]tenancy.Source{nil, sources("cookie"), sources(tenancy.SourceHost, tenancy.SourceHost), sources(tenancy.SourceStatic, tenancy.SourceCert)} {
+		if err := tenancy.CheckSources(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

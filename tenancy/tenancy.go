@@ -287,20 +287,12 @@ const minSecret = 32
 // *idemproxy.ConfigError values joined in one error.
 func (c Config) Validate() error {
 	errs := idemproxy.ConfigErrors{Struct: "tenancy.Config"}
-	seen := map[Source]bool{}
-	for i, s := range c.Sources {
-		switch {
-		case !slices.Contains(Sources, s):
-			errs.Add("Sources", "must list %s, got %q", sourceNames(), s)
-		case seen[s]:
-			errs.Add("Sources", "lists %q twice", s)
-		case s == SourceStatic && i != len(c.Sources)-1:
-			errs.Add("Sources", "may list static only last, as the fallback when no other source names a tenant")
-		}
-		seen[s] = true
+	for _, reason := range sourceListErrors(c.Sources) {
+		errs.Add("Sources", "%s", reason)
 	}
-	if len(c.Sources) == 0 {
-		errs.Add("Sources", "must list at least one of %s", sourceNames())
+	seen := map[Source]bool{}
+	for _, s := range c.Sources {
+		seen[s] = true
 	}
 	format := c.Format
 	if format == "" {
@@ -359,6 +351,38 @@ func (c Config) Validate() error {
 		errs.Add("JWKSRefresh", "must be a positive duration, got %s", c.JWKSRefresh)
 	}
 	return errs.Err()
+}
+
+// CheckSources reports what is wrong with a list of sources as a list,
+// whatever the other settings: a source that does not exist, one given
+// twice, static anywhere but last, an empty list. Config.Validate checks
+// the same and the settings the sources need.
+func CheckSources(srcs []Source) error {
+	var errs []error
+	for _, reason := range sourceListErrors(srcs) {
+		errs = append(errs, errors.New(reason))
+	}
+	return errors.Join(errs...)
+}
+
+func sourceListErrors(srcs []Source) []string {
+	var reasons []string
+	seen := map[Source]bool{}
+	for i, s := range srcs {
+		switch {
+		case !slices.Contains(Sources, s):
+			reasons = append(reasons, fmt.Sprintf("must list %s, got %q", sourceNames(), s))
+		case seen[s]:
+			reasons = append(reasons, fmt.Sprintf("lists %q twice", s))
+		case s == SourceStatic && i != len(srcs)-1:
+			reasons = append(reasons, "may list static only last, as the fallback when no other source names a tenant")
+		}
+		seen[s] = true
+	}
+	if len(srcs) == 0 {
+		reasons = append(reasons, "must list at least one of "+sourceNames())
+	}
+	return reasons
 }
 
 // validHeaderName reports whether s is an HTTP field name (an RFC 9110 token).

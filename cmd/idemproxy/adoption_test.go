@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"io"
 	"math/big"
@@ -176,18 +174,15 @@ func writeServerPair(t *testing.T, dir string, ca *democert.CA) (certFile, keyFi
 // issued (none when issuer is nil), whatever CAs the server names.
 func mtlsClient(t *testing.T, ca, issuer *democert.CA, cn string, uris ...string) *http.Client {
 	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
-	cfg := &tls.Config{RootCAs: roots}
+	var cert *democert.Issued
 	if issuer != nil {
 		c, err := issuer.Client(cn, uris...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cert := c.TLS()
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+		cert = c
 	}
-	tr := &http.Transport{TLSClientConfig: cfg}
+	tr := &http.Transport{TLSClientConfig: democert.ClientTLS(ca, cert)}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
 }

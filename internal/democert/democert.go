@@ -143,6 +143,21 @@ func (i *Issued) TLS() tls.Certificate {
 	return c
 }
 
+// ClientTLS is the TLS configuration of a client that trusts ca's server
+// certificates and presents cert (nil for none) whatever CAs the server
+// asks for: crypto/tls alone sends no certificate that another CA issued,
+// and a test of that refusal needs one sent.
+func ClientTLS(ca *CA, cert *Issued) *tls.Config {
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	cfg := &tls.Config{RootCAs: roots}
+	if cert != nil {
+		c := cert.TLS()
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &c, nil }
+	}
+	return cfg
+}
+
 // WriteFiles writes the certificate to certFile and the key to keyFile
 // (readable by the owner only).
 func (i *Issued) WriteFiles(certFile, keyFile string) error {
