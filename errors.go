@@ -126,7 +126,8 @@ func (e *ConfigError) Error() string {
 }
 
 // Explain is the error with every field, e.Field and those in braces in
-// e.Reason, spelled by name.
+// e.Reason, spelled by name. Braces around anything but an exported Go
+// name ({tenant} in a pattern) are text, kept as they are.
 func (e *ConfigError) Explain(name func(field string) string) string {
 	var b strings.Builder
 	b.WriteString(name(e.Field))
@@ -134,15 +135,38 @@ func (e *ConfigError) Explain(name func(field string) string) string {
 	rest := e.Reason
 	for {
 		open := strings.IndexByte(rest, '{')
-		end := strings.IndexByte(rest[open+1:], '}')
-		if open < 0 || end < 0 {
+		if open < 0 {
 			b.WriteString(rest)
 			return b.String()
 		}
-		b.WriteString(rest[:open])
-		b.WriteString(name(rest[open+1 : open+1+end]))
-		rest = rest[open+2+end:]
+		end := strings.IndexByte(rest[open+1:], '}')
+		if end < 0 {
+			b.WriteString(rest)
+			return b.String()
+		}
+		if field := rest[open+1 : open+1+end]; isExported(field) {
+			b.WriteString(rest[:open])
+			b.WriteString(name(field))
+			rest = rest[open+2+end:]
+			continue
+		}
+		b.WriteString(rest[:open+1])
+		rest = rest[open+1:]
 	}
+}
+
+// isExported reports whether s is an exported Go name: an upper-case
+// ASCII letter, then letters and digits.
+func isExported(s string) bool {
+	if s == "" || s[0] < 'A' || s[0] > 'Z' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // ConfigErrors collects the ConfigErrors of one struct.

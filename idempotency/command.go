@@ -135,7 +135,7 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 
 	// The path is the escaped one the upstream receives: /a%2Fb is not /a/b.
 	path := r.URL.EscapedPath()
-	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, path))
+	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, tenancy.CommandPath(r.Context(), path)))
 	c.body, c.bodyLen = upBody, int64(len(body))
 	return c
 }

@@ -40,7 +40,12 @@ type AdminConfig struct {
 	// KeyTTL is how long a held key recorded as succeeded through the
 	// API replays; zero means 24h.
 	KeyTTL time.Duration
-	Logger *slog.Logger
+	// TenantFormat is how the key API reads its tenant parameter: the
+	// proxy's tenancy format, so that a tenant string is found under the
+	// UUID the proxy mapped it to; empty means tenancy.FormatUUID. A UUID
+	// is accepted under either.
+	TenantFormat tenancy.Format
+	Logger       *slog.Logger
 }
 
 // NewAdmin returns the admin listener's handler: health, readiness,
@@ -164,9 +169,9 @@ func keyView(e idemproxy.Entry) KeyView {
 
 // tenantParam reads the tenant query parameter, or answers 400.
 func (a *admin) tenantParam(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
-	tenant, err := tenancy.ParseTenantValues(r.URL.Query()["tenant"])
+	tenant, err := a.cfg.TenantFormat.ParseValues(r.URL.Query()["tenant"])
 	if err != nil {
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant, "query parameter tenant: "+err.Error()))
+		idemproxy.WriteProblem(w, tenancy.InvalidTenant("query parameter tenant", err, Variable))
 		return uuid.Nil, false
 	}
 	return tenant, true

@@ -231,6 +231,8 @@ func TestRenewalFailureLoggedAndCounted(t *testing.T) {
 		{"lease not renewed: the lock was deleted or taken over while the command runs; a retry may run it again", "ERROR"},
 	} {
 		msg, level := want.msg, want.level
+		// The renewal counts its failure before it logs it.
+		waitFor(func() bool { return len(logLines(logs, msg)) > 0 })
 		lines := logLines(logs, msg)
 		if len(lines) == 0 {
 			t.Errorf("no log line %q in:\n%s", msg, logs.Bytes())

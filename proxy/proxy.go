@@ -29,7 +29,9 @@ type Config struct {
 	// Upstream is the service requests are forwarded to: an absolute
 	// http or https URL.
 	Upstream *url.URL
-	// Tenancy resolves the tenant of every checked request.
+	// Tenancy resolves the tenant of every checked request, but those of
+	// routes that name their own sources (Route.Tenant: resolvers derived
+	// from it).
 	Tenancy *tenancy.Resolver
 	// Transport reaches the upstream; nil means NewTransport of the
 	// longest UpstreamTimeout for the requests that pass through, and one
@@ -125,9 +127,7 @@ func New(cfg Config) (*Proxy, error) {
 	// route, and a router's per-request route context and path values
 	// (six allocations a request, measured) would buy nothing.
 	var h http.Handler = chi.Chain(
-		p.requestID, p.accessLog, p.recover, p.route,
-		cfg.Tenancy.Middleware(tenancy.MiddlewareOptions{Applies: p.checked, ErrorHandler: p.tenancyRefused}),
-		p.forward,
+		p.requestID, p.accessLog, p.recover, p.route, p.tenancy, p.forward,
 	).Handler(p.reverseProxy())
 	if cfg.TracerProvider != nil {
 		h = otelhttp.NewHandler(h, "idemproxy",

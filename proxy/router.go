@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // DefaultRoute is the route label of requests that match no route policy.
@@ -31,6 +32,9 @@ type routeEntry struct {
 	route *Route
 	// step is the route's idempotency step; nil for idempotency: off.
 	step *idempotency.Step
+	// tenancy resolves the tenant of the route's requests: the proxy's
+	// resolver, or one derived for the route's own sources.
+	tenancy *tenancy.Resolver
 }
 
 type routeKey struct{}
@@ -82,7 +86,14 @@ func (p *Proxy) SetRoutes(rs *Routes) error {
 	t := &routeTable{routes: rs, mux: chi.NewMux(), entries: map[methodPattern]*routeEntry{}, loadedAt: time.Now()}
 	for i := range rs.Routes {
 		r := &rs.Routes[i]
-		e := &routeEntry{route: r}
+		e := &routeEntry{route: r, tenancy: p.cfg.Tenancy}
+		if r.Tenant != nil && !r.Off {
+			res, err := p.cfg.Tenancy.Derive(r.Tenant)
+			if err != nil {
+				return &RoutesError{File: rs.File, Line: r.Fields["tenant"], Field: "route " + r.Match + " tenant", Reason: explainSetting(err)}
+			}
+			e.tenancy = res
+		}
 		if !r.Off {
 			step, err := p.idem.Derive(r.Overrides)
 			if err != nil {
@@ -155,6 +166,32 @@ func (p *Proxy) step(r *http.Request) *idempotency.Step {
 	return p.idem
 }
 
+// resolver is the tenant resolver of r: its route's, or the proxy's.
+func (p *Proxy) resolver(r *http.Request) *tenancy.Resolver {
+	if e, ok := r.Context().Value(routeKey{}).(*routeEntry); ok {
+		return e.tenancy
+	}
+	return p.cfg.Tenancy
+}
+
+// tenancy resolves the tenant of every checked request with its route's
+// resolver (tenancy.Resolver.Apply); a refused request is answered and
+// counted rejected.
+func (p *Proxy) tenancy(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !p.checked(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		out, prob := p.resolver(r).Apply(r)
+		if prob != nil {
+			p.tenancyRefused(w, r, prob)
+			return
+		}
+		next.ServeHTTP(w, out)
+	})
+}
+
 // checked reports whether r is subject to tenancy and idempotency under
 // its policy.
 func (p *Proxy) checked(r *http.Request) bool {
@@ -181,6 +218,9 @@ type PolicyView struct {
 	SuccessStatus   string `json:"success_status,omitempty"`
 	ReplayMaxBytes  int64  `json:"replay_max_bytes,omitempty"`
 	MaxBodyBytes    int64  `json:"max_body_bytes,omitempty"`
+	// Tenant lists the route's own tenant sources; empty means the
+	// proxy's (Default's).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // RoutesView is the JSON view of the route policies in force (/v1/routes).
@@ -213,6 +253,7 @@ func (rs *Routes) Policies(base idempotency.Config) (routes []PolicyView, def Po
 		}
 		v := policyView(r.Match, base.Apply(r.Overrides), r.Overrides.CommandType, req, r.Overrides.Key)
 		v.Line = r.Line
+		v.Tenant = sourceList(r.Tenant)
 		routes = append(routes, v)
 	}
 	return routes, def
@@ -246,6 +287,15 @@ func policyView(match string, c idempotency.Config, command string, requireKey [
 	}
 }
 
+// sourceList spells tenant sources as the tenant field does.
+func sourceList(srcs []tenancy.Source) string {
+	names := make([]string, len(srcs))
+	for i, s := range srcs {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ",")
+}
+
 // RoutesInForce is the view of the route policies in force.
 func (p *Proxy) RoutesInForce() RoutesView {
 	t := p.routes.Load()
@@ -258,6 +308,7 @@ func (p *Proxy) RoutesInForce() RoutesView {
 		v.LoadedAt = &at
 	}
 	v.Routes, v.Default = rs.Policies(p.idem.Config())
+	v.Default.Tenant = sourceList(p.cfg.Tenancy.Sources())
 	return v
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // Routes are the route policies of a routes file (docs/routes.md): each
@@ -40,6 +41,9 @@ type Route struct {
 	// Overrides are the settings the route changes; CommandType is the
 	// command field, or Match.
 	Overrides idempotency.Overrides
+	// Tenant are the route's tenant sources (its tenant field); nil means
+	// the proxy's.
+	Tenant []tenancy.Source
 	// Line is the line of the route's match field; Fields the line of
 	// each field the file sets.
 	Line   int
@@ -50,7 +54,7 @@ type Route struct {
 // gives them.
 var routeFields = []string{"match", "command", "idempotency", "mode", "require_key", "key", "key_ttl", "lock_timeout",
 	"upstream_timeout", "success_status", "replay_max_bytes", "max_body_bytes", "in_flight_wait", "command_timeout",
-	"unknown_outcome"}
+	"unknown_outcome", "tenant"}
 
 // routeField is the route field that sets an idempotency.Config field.
 var routeField = map[string]string{
@@ -310,6 +314,18 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 				bad("must be a positive whole number of bytes, got %q", val)
 			}
 			*map[string]*int64{"replay_max_bytes": &o.ReplayMaxBytes, "max_body_bytes": &o.MaxBodyBytes}[k.Value] = b
+		case "tenant":
+			srcs, err := tenancy.ParseSources(val)
+			if err != nil {
+				bad("%v", err)
+				break
+			}
+			// The list itself; the settings the sources need are checked
+			// against the proxy's by CheckTenancy.
+			for _, e := range flattenErrors(tenancy.CheckSources(srcs)) {
+				bad("%v", e)
+			}
+			r.Tenant = srcs
 		}
 	}
 	if _, ok := r.Fields["match"]; !ok {
@@ -367,6 +383,45 @@ func (p *routesParser) checkSettings(name string, r *Route) {
 		}
 		p.fail(line, fmt.Sprintf("%s (%s)", field, r.Match), "%s", msg)
 	}
+}
+
+// CheckTenancy checks each route's tenant sources against base, the
+// proxy's tenancy settings (a path source needs base's PathPattern, a
+// static source its Static, jwt a key), as SetRoutes does; every mistake
+// is a *RoutesError naming the route's tenant field, spelled with
+// variables' names.
+func (rs *Routes) CheckTenancy(base tenancy.Config) error {
+	if rs == nil {
+		return nil
+	}
+	var errs []error
+	for i, r := range rs.Routes {
+		if r.Tenant == nil {
+			continue
+		}
+		c := base
+		c.Sources = r.Tenant
+		for _, e := range flattenErrors(c.Validate()) {
+			errs = append(errs, &RoutesError{File: rs.File, Line: r.Fields["tenant"], Field: fmt.Sprintf("routes[%d].tenant (%s)", i, r.Match),
+				Reason: explainSetting(e)})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// explainSetting tells a library's *idemproxy.ConfigError in variables'
+// names; any other error as it is.
+func explainSetting(err error) string {
+	var ce *idemproxy.ConfigError
+	if !errors.As(err, &ce) {
+		return err.Error()
+	}
+	return ce.Explain(func(field string) string {
+		if ce.Struct == "tenancy.Config" && field == "Sources" {
+			return "tenant"
+		}
+		return Variable(ce.Struct + "." + field)
+	})
 }
 
 // flattenErrors lists the errors err joins.

@@ -8,6 +8,10 @@ import "maps"
 var variables = map[string]string{
 	"proxy.Config.Upstream": "IDEMPROXY_UPSTREAM_URL",
 
+	"proxy.TLSFiles.CertFile":     "IDEMPROXY_TLS_CERT_FILE",
+	"proxy.TLSFiles.KeyFile":      "IDEMPROXY_TLS_KEY_FILE",
+	"proxy.TLSFiles.ClientCAFile": "IDEMPROXY_TLS_CLIENT_CA_FILE",
+
 	"idempotency.Config.Mode":             "IDEMPROXY_MODE",
 	"idempotency.Config.SuccessStatus":    "IDEMPROXY_SUCCESS_STATUS",
 	"idempotency.Config.KeyTTL":           "IDEMPROXY_KEY_TTL",
@@ -45,6 +49,10 @@ var variables = map[string]string{
 	"redis.Options.OpTimeout":    "IDEMPROXY_STORE_TIMEOUT",
 
 	"tenancy.Config.Sources":     "IDEMPROXY_TENANT_SOURCE",
+	"tenancy.Config.Format":      "IDEMPROXY_TENANT_FORMAT",
+	"tenancy.Config.Static":      "IDEMPROXY_TENANT_STATIC",
+	"tenancy.Config.PathPattern": "IDEMPROXY_TENANT_PATH",
+	"tenancy.Config.HostPattern": "IDEMPROXY_TENANT_HOST",
 	"tenancy.Config.Header":      "IDEMPROXY_TENANT_HEADER",
 	"tenancy.Config.Claim":       "IDEMPROXY_JWT_CLAIM",
 	"tenancy.Config.HS256Secret": "IDEMPROXY_JWT_HS256_SECRET",

@@ -12,6 +12,9 @@
 #   t=5s  attempt 3: idemproxy replays the 201 (Idempotent-Replayed: true).
 # Finally GET /stats must show {"orders_created":1}.
 #
+# The demo is single-tenant (IDEMPROXY_TENANT_SOURCE=header,static), so the
+# request needs no tenant header.
+#
 # Run from anywhere: bash scripts/retry-walkthrough.sh
 # Needs go, curl, and python3 (only to pick free ports; a fallback exists).
 set -euo pipefail
@@ -21,7 +24,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Only the settings below apply: ignore any IDEMPROXY_* from the caller.
 while read -r v; do unset "$v"; done < <(compgen -e | grep '^IDEMPROXY_' || true)
 
-tenant=0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20
 key=walkthrough-1
 tmp=$(mktemp -d)
 pid=""
@@ -72,7 +74,7 @@ port=$(free_port)
 admin=$(free_port)
 while [ "$admin" = "$port" ]; do admin=$(free_port); done
 
-step "Starting 'idemproxy demo' (proxy 127.0.0.1:$port, admin 127.0.0.1:$admin, memory store, bundled orders service)"
+step "Starting 'idemproxy demo' (proxy 127.0.0.1:$port, admin 127.0.0.1:$admin, memory store, bundled orders service, one tenant)"
 IDEMPROXY_LISTEN_ADDR=127.0.0.1:$port \
 	IDEMPROXY_ADMIN_ADDR=127.0.0.1:$admin \
 	IDEMPROXY_UPSTREAM_TIMEOUT=10s \
@@ -97,14 +99,14 @@ step "Sending one keyed POST that takes 4s upstream, with a 1s client timeout an
 cat <<EOF
 curl --fail-with-body --retry 3 --retry-all-errors --retry-delay 2 --max-time 1 \\
   -X POST "http://127.0.0.1:$port/orders?delay=4s" \\
-  -H 'Idempotency-Key: $key' -H 'X-Tenant-ID: $tenant' -d '{"item":"book"}'
+  -H 'Idempotency-Key: $key' -d '{"item":"book"}'
 EOF
 echo "(curl reports each failed attempt and retry; every response's headers follow)"
 echo
 set +e
 curl --no-progress-meter --fail-with-body --retry 3 --retry-all-errors --retry-delay 2 --max-time 1 \
 	-X POST "http://127.0.0.1:$port/orders?delay=4s" \
-	-H "Idempotency-Key: $key" -H "X-Tenant-ID: $tenant" -d '{"item":"book"}' \
+	-H "Idempotency-Key: $key" -d '{"item":"book"}' \
 	-D "$tmp/headers" -o "$tmp/body" 2>&1 | sed 's/^/    /'
 rc=${PIPESTATUS[0]}
 set -e

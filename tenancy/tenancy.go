@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,19 +27,74 @@ import (
 // Source is where a tenant may come from.
 type Source string
 
-// The tenant sources.
+// The tenant sources (docs/tenancy.md says which are authenticated).
 const (
+	// SourceHeader: a header (Config.Header), asserted by whoever sends
+	// it.
 	SourceHeader Source = "header"
-	SourceJWT    Source = "jwt"
+	// SourceJWT: a claim (Config.Claim) of a verified bearer token.
+	SourceJWT Source = "jwt"
+	// SourceStatic: Config.Static, one tenant for every request; only
+	// last in a list, as the fallback.
+	SourceStatic Source = "static"
+	// SourcePath: a segment of the path, by the chi pattern
+	// Config.PathPattern; asserted.
+	SourcePath Source = "path"
+	// SourceHost: a label of the Host header, by Config.HostPattern;
+	// asserted.
+	SourceHost Source = "host"
+	// SourceCert: the client certificate a TLS listener verified: its
+	// first URI SAN (a SPIFFE id), or else its subject CN.
+	SourceCert Source = "cert"
 )
+
+// Sources lists every source, in the order the documentation gives them.
+var Sources = []Source{SourceHeader, SourceJWT, SourceStatic, SourcePath, SourceHost, SourceCert}
+
+// ParseSources reads a comma-separated list of sources, in any letter
+// case, as Config.Sources takes it; Validate checks the list as a whole.
+func ParseSources(list string) ([]Source, error) {
+	var out []Source
+	for s := range strings.SplitSeq(list, ",") {
+		src := Source(strings.ToLower(strings.TrimSpace(s)))
+		if !slices.Contains(Sources, src) {
+			return nil, fmt.Errorf("must list %s, got %q", sourceNames(), src)
+		}
+		out = append(out, src)
+	}
+	return out, nil
+}
+
+// sourceNames lists the sources as a sentence does: "a, b or c".
+func sourceNames() string {
+	names := make([]string, len(Sources))
+	for i, s := range Sources {
+		names[i] = string(s)
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
 
 // Config configures New. Sources is required; everything else has a
 // documented zero value.
 type Config struct {
 	// Sources are tried in order; the first that yields a tenant wins,
 	// except that a verified bearer token always decides: a tenant header
-	// that disagrees with it is refused, whatever the order.
+	// that disagrees with it is refused, whatever the order. SourceStatic
+	// may only stand last.
 	Sources []Source
+	// Format says which tenant strings are admitted; empty means
+	// FormatUUID.
+	Format Format
+	// Static is the tenant of SourceStatic, which needs it; it must fit
+	// Format.
+	Static string
+	// PathPattern is the chi pattern of SourcePath, which needs it: the
+	// path segment at {tenant} is the tenant (/accounts/{tenant}/*).
+	PathPattern string
+	// HostPattern is the pattern of SourceHost, which needs it: the part
+	// of the Host header at {tenant} is the tenant
+	// ({tenant}.api.example.com; the port is ignored, case folded).
+	HostPattern string
 	// Header is the tenant header; empty means X-Tenant-ID.
 	Header string
 	// Claim is the JWT claim holding the tenant; empty means tenant_id.
@@ -60,14 +116,32 @@ type Config struct {
 	Client *http.Client
 	// Logger receives the reasons tokens are refused; nil discards them.
 	Logger *slog.Logger
+	// Setting spells a setting's name in the details of the problems the
+	// resolver answers, given its Go name (tenancy.Config.Format), as
+	// idempotency.Config.Setting does. Nil spells the Go name.
+	Setting func(goName string) string
 }
 
 // Resolver finds the tenant of a request. It is safe for concurrent use.
 type Resolver struct {
-	sources   []Source
-	header    string
+	sources []Source
+	header  string
+	format  Format
+	static  uuid.UUID
+	path    *pathPattern
+	host    *hostPattern
+	// useJWT: jwt is one of the sources, so a bearer token is verified.
+	useJWT bool
+	// jwt verifies bearer tokens; nil when no key is configured. Derived
+	// resolvers share it.
+	jwt     *verifier
+	cfg     Config
+	setting func(goName string) string
+}
+
+// verifier checks bearer tokens and reads their tenant claim.
+type verifier struct {
 	claim     string
-	useJWT    bool
 	issuer    string
 	audience  string
 	secret    []byte
@@ -78,10 +152,55 @@ type Resolver struct {
 }
 
 // New validates cfg and returns a Resolver. When cfg names a JWKS URL, the
-// key set is refreshed in the background until ctx ends.
+// key set is refreshed in the background until ctx ends. Bearer tokens
+// are verified when jwt is a source; a key configured without it serves
+// the resolvers Derive makes.
 func New(ctx context.Context, cfg Config) (*Resolver, error) {
-	r := &Resolver{
-		header:    cfg.Header,
+	if cfg.Header == "" {
+		cfg.Header = "X-Tenant-ID"
+	}
+	cfg.Header = http.CanonicalHeaderKey(cfg.Header)
+	if cfg.Claim == "" {
+		cfg.Claim = "tenant_id"
+	}
+	if cfg.Format == "" {
+		cfg.Format = FormatUUID
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Setting == nil {
+		cfg.Setting = func(goName string) string { return goName }
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Resolver{header: cfg.Header, format: cfg.Format, cfg: cfg, setting: cfg.Setting}
+	if cfg.Static != "" {
+		r.static, _ = cfg.Format.Parse(cfg.Static) // Validate checked it
+	}
+	if cfg.PathPattern != "" {
+		r.path, _ = newPathPattern(cfg.PathPattern)
+	}
+	if cfg.HostPattern != "" {
+		r.host, _ = newHostPattern(cfg.HostPattern)
+	}
+	r.sources = slices.Clone(cfg.Sources)
+	r.useJWT = slices.Contains(r.sources, SourceJWT)
+	if len(cfg.HS256Secret) == 0 && cfg.PublicKey == nil && cfg.JWKSURL == "" {
+		return r, nil
+	}
+	v, err := newVerifier(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.jwt = v
+	return r, nil
+}
+
+// newVerifier builds the token verification of cfg, which has a key.
+func newVerifier(ctx context.Context, cfg Config) (*verifier, error) {
+	v := &verifier{
 		claim:     cfg.Claim,
 		secret:    cfg.HS256Secret,
 		publicKey: cfg.PublicKey,
@@ -89,29 +208,6 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		audience:  cfg.Audience,
 		log:       cfg.Logger,
 	}
-	if r.header == "" {
-		r.header = "X-Tenant-ID"
-	}
-	r.header = http.CanonicalHeaderKey(r.header)
-	if r.claim == "" {
-		r.claim = "tenant_id"
-	}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	seen := map[Source]bool{}
-	for _, s := range cfg.Sources {
-		seen[s] = true
-		r.sources = append(r.sources, s)
-	}
-	r.useJWT = seen[SourceJWT]
-	if !r.useJWT {
-		return r, nil
-	}
-
 	var methods []string
 	if len(cfg.HS256Secret) > 0 {
 		methods = append(methods, jwt.SigningMethodHS256.Alg())
@@ -131,7 +227,7 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		if refresh <= 0 {
 			refresh = time.Hour
 		}
-		log := r.log
+		log := v.log
 		kf, err := keyfunc.NewDefaultOverrideCtx(ctx, []string{cfg.JWKSURL}, keyfunc.Override{
 			Client:            client,
 			RefreshInterval:   refresh,
@@ -150,7 +246,7 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tenancy: jwks: %w", err)
 		}
-		r.jwks = kf
+		v.jwks = kf
 		methods = append(methods, jwt.SigningMethodRS256.Alg(), jwt.SigningMethodES256.Alg())
 	}
 	opts := []jwt.ParserOption{jwt.WithValidMethods(methods), jwt.WithExpirationRequired()}
@@ -160,9 +256,28 @@ func New(ctx context.Context, cfg Config) (*Resolver, error) {
 	if cfg.Audience != "" {
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
-	r.parser = jwt.NewParser(opts...)
-	return r, nil
+	v.parser = jwt.NewParser(opts...)
+	return v, nil
 }
+
+// Derive returns a resolver that tries sources instead of r's, with r's
+// other settings (header, format, static tenant, patterns, token
+// verification, which it shares). The list is validated as New does.
+func (r *Resolver) Derive(sources []Source) (*Resolver, error) {
+	cfg := r.cfg
+	cfg.Sources = sources
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := *r
+	d.cfg = cfg
+	d.sources = slices.Clone(sources)
+	d.useJWT = slices.Contains(sources, SourceJWT)
+	return &d, nil
+}
+
+// Sources returns the sources r tries, in order.
+func (r *Resolver) Sources() []Source { return slices.Clone(r.sources) }
 
 // minSecret is the shortest HS256 secret accepted: 256 bits, as RFC 7518
 // §3.2 asks of a key for HS256.
@@ -172,18 +287,43 @@ const minSecret = 32
 // *idemproxy.ConfigError values joined in one error.
 func (c Config) Validate() error {
 	errs := idemproxy.ConfigErrors{Struct: "tenancy.Config"}
+	for _, reason := range sourceListErrors(c.Sources) {
+		errs.Add("Sources", "%s", reason)
+	}
 	seen := map[Source]bool{}
 	for _, s := range c.Sources {
-		switch {
-		case s != SourceHeader && s != SourceJWT:
-			errs.Add("Sources", "must list header or jwt, got %q", s)
-		case seen[s]:
-			errs.Add("Sources", "lists %q twice", s)
-		}
 		seen[s] = true
 	}
-	if len(c.Sources) == 0 {
-		errs.Add("Sources", "must list header and/or jwt")
+	format := c.Format
+	if format == "" {
+		format = FormatUUID
+	}
+	if !slices.Contains(Formats, format) {
+		errs.Add("Format", "must be uuid or any, got %q", c.Format)
+	}
+	switch {
+	case seen[SourceStatic] && c.Static == "":
+		errs.Add("Static", "is required when {Sources} lists static: it is the tenant of every request no other source names")
+	case c.Static != "" && slices.Contains(Formats, format):
+		if _, err := format.Parse(c.Static); errors.Is(err, ErrNotUUID) {
+			errs.Add("Static", "must be a UUID while {Format} is uuid (set {Format} to any for another string), got %q", c.Static)
+		} else if err != nil {
+			errs.Add("Static", "is not a tenant: %v", err)
+		}
+	}
+	if seen[SourcePath] && c.PathPattern == "" {
+		errs.Add("PathPattern", "is required when {Sources} lists path: a chi pattern naming the tenant's segment, e.g. /accounts/{tenant}/*")
+	} else if c.PathPattern != "" {
+		if _, err := newPathPattern(c.PathPattern); err != nil {
+			errs.Add("PathPattern", "%v", err)
+		}
+	}
+	if seen[SourceHost] && c.HostPattern == "" {
+		errs.Add("HostPattern", "is required when {Sources} lists host: a pattern naming the tenant's label, e.g. {tenant}.api.example.com")
+	} else if c.HostPattern != "" {
+		if _, err := newHostPattern(c.HostPattern); err != nil {
+			errs.Add("HostPattern", "%v", err)
+		}
 	}
 	if c.Header != "" && !validHeaderName(c.Header) {
 		errs.Add("Header", "must be a header name, got %q", c.Header)
@@ -211,6 +351,38 @@ func (c Config) Validate() error {
 		errs.Add("JWKSRefresh", "must be a positive duration, got %s", c.JWKSRefresh)
 	}
 	return errs.Err()
+}
+
+// CheckSources reports what is wrong with a list of sources as a list,
+// whatever the other settings: a source that does not exist, one given
+// twice, static anywhere but last, an empty list. Config.Validate checks
+// the same and the settings the sources need.
+func CheckSources(srcs []Source) error {
+	var errs []error
+	for _, reason := range sourceListErrors(srcs) {
+		errs = append(errs, errors.New(reason))
+	}
+	return errors.Join(errs...)
+}
+
+func sourceListErrors(srcs []Source) []string {
+	var reasons []string
+	seen := map[Source]bool{}
+	for i, s := range srcs {
+		switch {
+		case !slices.Contains(Sources, s):
+			reasons = append(reasons, fmt.Sprintf("must list %s, got %q", sourceNames(), s))
+		case seen[s]:
+			reasons = append(reasons, fmt.Sprintf("lists %q twice", s))
+		case s == SourceStatic && i != len(srcs)-1:
+			reasons = append(reasons, "may list static only last, as the fallback when no other source names a tenant")
+		}
+		seen[s] = true
+	}
+	if len(srcs) == 0 {
+		reasons = append(reasons, "must list at least one of "+sourceNames())
+	}
+	return reasons
 }
 
 // validHeaderName reports whether s is an HTTP field name (an RFC 9110 token).
@@ -289,9 +461,9 @@ type MiddlewareOptions struct {
 }
 
 // Middleware resolves the tenant of every request opts.Applies to and
-// stores it with NewContext. A request without a tenant passes on without
-// one (the idempotency step decides whether it needs one); a refused
-// request is answered by opts.ErrorHandler and goes no further.
+// stores it with NewContext (Apply). A request without a tenant passes on
+// without one (the idempotency step decides whether it needs one); a
+// refused request is answered by opts.ErrorHandler and goes no further.
 func (r *Resolver) Middleware(opts MiddlewareOptions) func(http.Handler) http.Handler {
 	refuse := opts.ErrorHandler
 	if refuse == nil {
@@ -303,53 +475,125 @@ func (r *Resolver) Middleware(opts MiddlewareOptions) func(http.Handler) http.Ha
 				next.ServeHTTP(w, req)
 				return
 			}
-			tenant, ok, p := r.Resolve(req)
+			out, p := r.Apply(req)
 			if p != nil {
 				refuse(w, req, p)
 				return
 			}
-			if ok {
-				req = req.WithContext(NewContext(req.Context(), tenant))
-			}
-			next.ServeHTTP(w, req)
+			next.ServeHTTP(w, out)
 		})
 	}
+}
+
+// Apply resolves the request's tenant (Resolve) and returns the request
+// carrying it in its context (FromContext), or req itself when no source
+// named one; with a problem, the request must be refused. A tenant taken
+// from the path also gives the request's CommandPath.
+func (r *Resolver) Apply(req *http.Request) (*http.Request, *idemproxy.Problem) {
+	res, p := r.resolve(req)
+	if p != nil || !res.found {
+		return req, p
+	}
+	ctx := NewContext(req.Context(), res.tenant)
+	if res.commandPath != nil {
+		ctx = context.WithValue(ctx, commandPathKey{}, *res.commandPath)
+	}
+	return req.WithContext(ctx), nil
 }
 
 // Resolve returns the request's tenant, whether one was found, and the
 // problem to answer with when the request must be refused.
 //
-// A header-sourced tenant is asserted by the client, not authenticated, so
-// a verified bearer token decides whatever the source order: the header is
-// used only when no token was sent, and a header that names another tenant
-// than the token (or stands beside a token without the tenant claim) is a
-// tenant-conflict.
+// The sources are tried in order, the first that names a tenant wins. A
+// header-sourced tenant is asserted by the client, not authenticated, so
+// a verified bearer token decides whatever the source order: the other
+// sources are used only when no token was sent, and a tenant header that
+// names another tenant than the token (or stands beside a token without
+// the tenant claim) is a tenant-conflict.
 func (r *Resolver) Resolve(req *http.Request) (uuid.UUID, bool, *idemproxy.Problem) {
+	res, p := r.resolve(req)
+	return res.tenant, res.found, p
+}
+
+// resolution is what resolve found.
+type resolution struct {
+	tenant uuid.UUID
+	found  bool
+	// commandPath is set when the tenant came from the path.
+	commandPath *commandPathOf
+}
+
+func (r *Resolver) resolve(req *http.Request) (resolution, *idemproxy.Problem) {
 	if r.useJWT {
-		claim, verified, present, p := r.verify(req)
+		claim, verified, present, p := r.jwt.verify(req)
 		if p != nil {
-			return uuid.Nil, false, p
+			return resolution{}, p
 		}
 		if verified {
-			return r.fromToken(req, claim, present)
+			t, found, p := r.fromToken(req, claim, present)
+			return resolution{tenant: t, found: found}, p
 		}
 	}
 	for _, s := range r.sources {
-		if s != SourceHeader {
-			continue
+		switch s {
+		case SourceHeader:
+			values := req.Header.Values(r.header)
+			if len(values) == 0 {
+				continue
+			}
+			t, err := r.format.ParseValues(values)
+			if err != nil {
+				return resolution{}, r.invalid("header "+r.header, err)
+			}
+			return resolution{tenant: t, found: true}, nil
+		case SourceStatic:
+			return resolution{tenant: r.static, found: true}, nil
+		case SourcePath:
+			escaped := req.URL.EscapedPath()
+			raw, ok := r.path.match(escaped)
+			if !ok {
+				continue
+			}
+			where := "path segment {tenant} of " + r.path.pattern
+			s, err := url.PathUnescape(raw)
+			if err != nil {
+				return resolution{}, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant, where+": not valid percent-encoding")
+			}
+			t, err := r.format.Parse(s)
+			if err != nil {
+				return resolution{}, r.invalid(where, err)
+			}
+			return resolution{tenant: t, found: true,
+				commandPath: &commandPathOf{escaped: escaped, command: r.path.commandPath(escaped, raw)}}, nil
+		case SourceHost:
+			s, ok := r.host.match(req.Host)
+			if !ok {
+				continue
+			}
+			t, err := r.format.Parse(s)
+			if err != nil {
+				return resolution{}, r.invalid("the Host label {tenant} of "+r.cfg.HostPattern, err)
+			}
+			return resolution{tenant: t, found: true}, nil
+		case SourceCert:
+			s, ok := certTenant(req)
+			if !ok {
+				continue
+			}
+			t, err := r.format.Parse(s)
+			if err != nil {
+				return resolution{}, r.invalid("the client certificate's URI SAN or subject CN", err)
+			}
+			return resolution{tenant: t, found: true}, nil
 		}
-		values := req.Header.Values(r.header)
-		if len(values) == 0 {
-			break
-		}
-		tenant, err := ParseTenantValues(values)
-		if err != nil {
-			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
-				fmt.Sprintf("header %s: %v", r.header, err))
-		}
-		return tenant, true, nil
 	}
-	return uuid.Nil, false, nil
+	return resolution{}, nil
+}
+
+// invalid is the 400 for a tenant read from where that err refused,
+// naming the format setting when another format would admit it.
+func (r *Resolver) invalid(where string, err error) *idemproxy.Problem {
+	return InvalidTenant(where, err, r.setting)
 }
 
 // fromToken resolves the tenant of a request whose bearer token verified:
@@ -357,17 +601,16 @@ func (r *Resolver) Resolve(req *http.Request) (uuid.UUID, bool, *idemproxy.Probl
 func (r *Resolver) fromToken(req *http.Request, claim string, present bool) (uuid.UUID, bool, *idemproxy.Problem) {
 	var tenant uuid.UUID
 	if present {
-		t, err := ParseTenant(claim)
+		t, err := r.format.Parse(claim)
 		if err != nil {
-			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemInvalidTenant,
-				fmt.Sprintf("claim %q of the bearer token: %v", r.claim, err))
+			return uuid.Nil, false, r.invalid(fmt.Sprintf("claim %q of the bearer token", r.jwt.claim), err)
 		}
 		tenant = t
 	}
 	if values := req.Header.Values(r.header); len(values) > 0 {
-		if h, err := ParseTenantValues(values); err != nil || !present || h != tenant {
+		if h, err := r.format.ParseValues(values); err != nil || !present || h != tenant {
 			return uuid.Nil, false, idemproxy.NewProblem(idemproxy.ProblemTenantConflict,
-				fmt.Sprintf("header %s does not match claim %q of the bearer token; a verified token decides the tenant", r.header, r.claim))
+				fmt.Sprintf("header %s does not match claim %q of the bearer token; a verified token decides the tenant", r.header, r.jwt.claim))
 		}
 	}
 	return tenant, present, nil
@@ -376,47 +619,25 @@ func (r *Resolver) fromToken(req *http.Request, claim string, present bool) (uui
 // Header returns the canonical name of the tenant header.
 func (r *Resolver) Header() string { return r.header }
 
+// Format returns the tenant format r admits.
+func (r *Resolver) Format() Format { return r.format }
+
 // ParseTenantValues parses a tenant given several times (repeated headers
-// or query parameters): the values must all name the same tenant. No
-// values is an error, as an empty tenant is.
+// or query parameters) under FormatUUID: the values must all name the
+// same tenant. No values is an error, as an empty tenant is.
 func ParseTenantValues(values []string) (uuid.UUID, error) {
-	if len(values) == 0 {
-		return ParseTenant("")
-	}
-	return headerTenant(values)
+	return FormatUUID.ParseValues(values)
 }
 
-func headerTenant(values []string) (uuid.UUID, error) {
-	tenant, err := ParseTenant(values[0])
-	if err != nil {
-		return uuid.Nil, err
-	}
-	for _, v := range values[1:] {
-		if t, err := ParseTenant(v); err != nil || t != tenant {
-			return uuid.Nil, errors.New("repeated with different values")
-		}
-	}
-	return tenant, nil
-}
-
-// ParseTenant accepts a UUID in its canonical 36-character form.
+// ParseTenant accepts a UUID in its canonical 36-character form, in any
+// letter case (FormatUUID).
 func ParseTenant(s string) (uuid.UUID, error) {
-	if s == "" {
-		return uuid.Nil, errors.New("empty, want a UUID")
-	}
-	if len(s) != 36 {
-		return uuid.Nil, errors.New("not a UUID (want the 36-character form, e.g. 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20)")
-	}
-	t, err := uuid.Parse(s)
-	if err != nil {
-		return uuid.Nil, errors.New("not a UUID (want the 36-character form, e.g. 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20)")
-	}
-	return t, nil
+	return FormatUUID.Parse(s)
 }
 
 // verify checks the bearer token, if any. It reports the tenant claim,
 // whether a token was verified, and whether it carried the claim.
-func (r *Resolver) verify(req *http.Request) (claim string, verified, present bool, p *idemproxy.Problem) {
+func (r *verifier) verify(req *http.Request) (claim string, verified, present bool, p *idemproxy.Problem) {
 	auth := req.Header.Values("Authorization")
 	if len(auth) == 0 {
 		return "", false, false, nil
@@ -451,7 +672,7 @@ func (r *Resolver) verify(req *http.Request) (claim string, verified, present bo
 	return s, true, true, nil
 }
 
-func (r *Resolver) keyfunc(ctx context.Context) jwt.Keyfunc {
+func (r *verifier) keyfunc(ctx context.Context) jwt.Keyfunc {
 	return func(t *jwt.Token) (any, error) {
 		switch t.Method.(type) {
 		case *jwt.SigningMethodHMAC:
@@ -478,7 +699,7 @@ func unauthorized(detail string) *idemproxy.Problem {
 
 // tokenReason names why a token was refused without echoing the token.
 // claims are the token's claims, decoded before validation failed.
-func (r *Resolver) tokenReason(err error, claims jwt.MapClaims) string {
+func (r *verifier) tokenReason(err error, claims jwt.MapClaims) string {
 	switch {
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return "malformed token"
@@ -511,7 +732,7 @@ func (r *Resolver) tokenReason(err error, claims jwt.MapClaims) string {
 // missingClaims lists the required claims (exp always; iss and aud when
 // configured) that claims lacks, as the parser judges them: absent or
 // empty.
-func (r *Resolver) missingClaims(claims jwt.MapClaims) []string {
+func (r *verifier) missingClaims(claims jwt.MapClaims) []string {
 	var missing []string
 	if _, ok := claims["exp"]; !ok {
 		missing = append(missing, "exp")

@@ -29,7 +29,7 @@ import (
 // caarlos0/env. The variable names are public interface; desc is what
 // --help and docs/configuration.md say of each. The enumerated variables
 // are types of their own whose UnmarshalText folds the value and checks it
-// against its choices (stores, modes, tenantSources, logLevels); what else the command knows of a variable is in three
+// against its choices (stores, modes, tenantSources, tenantFormats, logLevels); what else the command knows of a variable is in three
 // tables: numbers (which may be 0, and what 0 means), ignoredUnless (what
 // a configuration ignores) and proxy.Variable (the library setting a
 // variable sets).
@@ -63,15 +63,23 @@ type Config struct {
 	RedisWaitReplicas int    `env:"IDEMPROXY_REDIS_WAIT_REPLICAS" envDefault:"0" desc:"replicas that must acknowledge each claim and record (Redis WAIT) before it counts"`
 	RedisAutoPipeline bool   `env:"IDEMPROXY_REDIS_AUTOPIPELINE" envDefault:"true" desc:"send concurrent requests' Redis operations together (go-redis autopipelining); ignored with IDEMPROXY_REDIS_WAIT_REPLICAS"`
 
-	TenantSource sourceList    `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" desc:"ordered list of header, jwt"`
-	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant UUID"`
-	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" desc:"JWT claim carrying the tenant UUID"`
+	TenantSource sourceList    `env:"IDEMPROXY_TENANT_SOURCE" envDefault:"header" desc:"where the tenant comes from, an ordered list of header, jwt, static, path, host and cert; the first that names one wins, a verified token always decides (docs/tenancy.md)"`
+	TenantFormat formatName    `env:"IDEMPROXY_TENANT_FORMAT" envDefault:"uuid" desc:"uuid: a tenant must be a UUID; any: other strings of 1-255 printable ASCII characters are admitted, each mapped to its UUIDv5 under a fixed namespace (docs/tenancy.md)"`
+	TenantStatic string        `env:"IDEMPROXY_TENANT_STATIC" desc:"the tenant of the static source: every request that no earlier source names (a single-tenant service)"`
+	TenantPath   string        `env:"IDEMPROXY_TENANT_PATH" desc:"chi pattern of the path source, naming the tenant's segment, e.g. /accounts/{tenant}/*"`
+	TenantHost   string        `env:"IDEMPROXY_TENANT_HOST" desc:"pattern of the host source, naming the tenant's label, e.g. {tenant}.api.example.com (port ignored, case folded)"`
+	TenantHeader string        `env:"IDEMPROXY_TENANT_HEADER" envDefault:"X-Tenant-ID" desc:"header carrying the tenant"`
+	JWTClaim     string        `env:"IDEMPROXY_JWT_CLAIM" envDefault:"tenant_id" desc:"JWT claim carrying the tenant"`
 	JWTSecret    string        `env:"IDEMPROXY_JWT_HS256_SECRET" desc:"shared secret for HS256 tokens"`
 	JWKSURL      string        `env:"IDEMPROXY_JWT_JWKS_URL" desc:"JWKS URL for RS256/ES256 tokens (cached, refreshed)"`
 	JWKSRefresh  time.Duration `env:"IDEMPROXY_JWT_JWKS_REFRESH" envDefault:"1h" desc:"JWKS refresh interval"`
 	JWTPublicKey string        `env:"IDEMPROXY_JWT_PUBLIC_KEY_FILE" desc:"PEM public key file for RS256/ES256 tokens"`
 	JWTIssuer    string        `env:"IDEMPROXY_JWT_ISSUER" desc:"required iss, when set"`
 	JWTAudience  string        `env:"IDEMPROXY_JWT_AUDIENCE" desc:"required aud, when set"`
+
+	TLSCertFile     string `env:"IDEMPROXY_TLS_CERT_FILE" desc:"PEM certificate (chain) of the proxy listener, which then serves HTTPS; re-read on SIGHUP"`
+	TLSKeyFile      string `env:"IDEMPROXY_TLS_KEY_FILE" desc:"PEM private key of IDEMPROXY_TLS_CERT_FILE; re-read on SIGHUP"`
+	TLSClientCAFile string `env:"IDEMPROXY_TLS_CLIENT_CA_FILE" desc:"PEM CA certificates: the proxy listener requires a client certificate they issued (mTLS), which the cert tenant source reads; re-read on SIGHUP"`
 
 	KeyTTL          time.Duration `env:"IDEMPROXY_KEY_TTL" envDefault:"24h" desc:"how long a record replays"`
 	LockTimeout     time.Duration `env:"IDEMPROXY_LOCK_TIMEOUT" envDefault:"60s" desc:"lease of an in-flight lock, renewed every third of it while the command runs (after a crash the key frees within one lease); must exceed twice IDEMPROXY_STORE_TIMEOUT"`
@@ -106,9 +114,10 @@ type Config struct {
 // The values of the enumerated variables, as idemproxy spells them.
 var (
 	stores        = choices{"memory", "postgres", "redis"}
-	modes         = choices{"noop", "strict", "replay"} // idempotency.Modes
-	outcomes      = choices{"hold", "release"}
-	tenantSources = choices{"header", "jwt"}
+	modes         = choices{"noop", "strict", "replay"}                        // idempotency.Modes
+	outcomes      = choices{"hold", "release"}                                 // idempotency.UnknownOutcome
+	tenantSources = choices{"header", "jwt", "static", "path", "host", "cert"} // tenancy.Sources
+	tenantFormats = choices{"uuid", "any"}                                     // tenancy.Formats
 	logLevels     = choices{"debug", "info", "warn", "error"}
 )
 
@@ -127,11 +136,13 @@ func (cs choices) String() string {
 	return strings.Join(cs[:len(cs)-1], ", ") + " or " + cs[len(cs)-1]
 }
 
-// storeName, modeName and levelName are IDEMPROXY_STORE, IDEMPROXY_MODE
-// and IDEMPROXY_LOG_LEVEL: one of their choices, in any case.
+// storeName, modeName, formatName and levelName are IDEMPROXY_STORE,
+// IDEMPROXY_MODE, IDEMPROXY_TENANT_FORMAT and IDEMPROXY_LOG_LEVEL: one of
+// their choices, in any case.
 type (
 	storeName   string
 	modeName    string
+	formatName  string
 	levelName   string
 	outcomeName string
 )
@@ -146,6 +157,10 @@ func (s *storeName) UnmarshalText(text []byte) error {
 
 func (m *modeName) UnmarshalText(text []byte) error {
 	return choose((*string)(m), text, "IDEMPROXY_MODE", modes)
+}
+
+func (f *formatName) UnmarshalText(text []byte) error {
+	return choose((*string)(f), text, "IDEMPROXY_TENANT_FORMAT", tenantFormats)
 }
 
 func (l *levelName) UnmarshalText(text []byte) error {
@@ -299,13 +314,20 @@ func (c Config) check() []error {
 
 	pc, err := c.proxyConfig(nil, nil, nil)
 	errs = append(errs, err, pc.Validate())
-	if c.RoutesFile != "" && err == nil && pc.Config.Validate() == nil {
-		if _, rerr := proxy.LoadRoutes(c.RoutesFile, pc.Config); rerr != nil {
-			errs = append(errs, routesError(rerr))
-		}
-	}
 	tc, err := c.tenancyConfig(nil)
 	errs = append(errs, err, tc.Validate())
+	var routes *proxy.Routes
+	if c.RoutesFile != "" && err == nil && pc.Config.Validate() == nil {
+		rs, rerr := proxy.LoadRoutes(c.RoutesFile, pc.Config)
+		if rerr == nil {
+			rerr = rs.CheckTenancy(tc)
+		}
+		if rerr != nil {
+			errs = append(errs, routesError(rerr))
+		}
+		routes = rs
+	}
+	errs = append(errs, c.checkTLS(routes)...)
 	switch c.Store {
 	case "memory":
 		errs = append(errs, c.memoryOptions().Validate())
@@ -323,6 +345,41 @@ func (c Config) check() []error {
 			bad("IDEMPROXY_REDIS_URL", "is required when IDEMPROXY_STORE=redis")
 		} else {
 			errs = append(errs, c.redisOptions(nil).Validate())
+		}
+	}
+	return errs
+}
+
+// tlsFiles are the proxy listener's TLS files; nil when it serves plain
+// HTTP.
+func (c Config) tlsFiles() *proxy.TLSFiles {
+	if c.TLSCertFile == "" && c.TLSKeyFile == "" && c.TLSClientCAFile == "" {
+		return nil
+	}
+	return &proxy.TLSFiles{CertFile: c.TLSCertFile, KeyFile: c.TLSKeyFile, ClientCAFile: c.TLSClientCAFile}
+}
+
+// checkTLS refuses TLS files that cannot be used, and the cert tenant
+// source (in IDEMPROXY_TENANT_SOURCE or a route's tenant field) without a
+// client CA: without one no client certificate is verified.
+func (c Config) checkTLS(routes *proxy.Routes) []error {
+	var errs []error
+	if f := c.tlsFiles(); f != nil {
+		errs = append(errs, f.Validate())
+	}
+	if c.TLSClientCAFile != "" {
+		return errs
+	}
+	why := "the cert source reads the client certificate that the listener verified against IDEMPROXY_TLS_CLIENT_CA_FILE, which is not set"
+	if slices.Contains(c.TenantSource, string(tenancy.SourceCert)) {
+		errs = append(errs, refuse("IDEMPROXY_TENANT_SOURCE", "lists cert: %s", why))
+	}
+	if routes != nil {
+		for i, r := range routes.Routes {
+			if slices.Contains(r.Tenant, tenancy.SourceCert) {
+				errs = append(errs, fmt.Errorf("IDEMPROXY_ROUTES_FILE: %s:%d: routes[%d].tenant (%s) lists cert: %s",
+					routes.File, r.Fields["tenant"], i, r.Match, why))
+			}
 		}
 	}
 	return errs
@@ -488,6 +545,9 @@ var ignoredUnless = []struct {
 	{"IDEMPROXY_TENANT_SOURCE", []string{"jwt"}, []string{
 		"IDEMPROXY_JWT_CLAIM", "IDEMPROXY_JWT_HS256_SECRET", "IDEMPROXY_JWT_JWKS_URL", "IDEMPROXY_JWT_JWKS_REFRESH",
 		"IDEMPROXY_JWT_PUBLIC_KEY_FILE", "IDEMPROXY_JWT_ISSUER", "IDEMPROXY_JWT_AUDIENCE"}},
+	{"IDEMPROXY_TENANT_SOURCE", []string{"static"}, []string{"IDEMPROXY_TENANT_STATIC"}},
+	{"IDEMPROXY_TENANT_SOURCE", []string{"path"}, []string{"IDEMPROXY_TENANT_PATH"}},
+	{"IDEMPROXY_TENANT_SOURCE", []string{"host"}, []string{"IDEMPROXY_TENANT_HOST"}},
 	{"IDEMPROXY_MODE", []string{"replay"}, []string{"IDEMPROXY_REPLAY_MAX_BYTES"}},
 }
 
@@ -500,9 +560,29 @@ func (c Config) chosen(name string) []string {
 	case "IDEMPROXY_MODE":
 		return []string{string(c.Mode)}
 	case "IDEMPROXY_TENANT_SOURCE":
-		return c.TenantSource
+		return append(slices.Clone(c.TenantSource), c.routeTenantSources()...)
 	}
 	return nil
+}
+
+// routeTenantSources are the tenant sources the routes file's routes
+// name, if it can be read: they use the variables of those sources too.
+func (c Config) routeTenantSources() []string {
+	if c.RoutesFile == "" {
+		return nil
+	}
+	pc, _ := c.proxyConfig(nil, nil, nil)
+	rs, err := proxy.LoadRoutes(c.RoutesFile, pc.Config)
+	if err != nil {
+		return nil
+	}
+	var srcs []string
+	for _, r := range rs.Routes {
+		for _, s := range r.Tenant {
+			srcs = append(srcs, string(s))
+		}
+	}
+	return srcs
 }
 
 // configWarnings names the IDEMPROXY_* variables of environ that idemproxy
@@ -685,6 +765,11 @@ func (c Config) postgresOptions(log *slog.Logger) postgres.Options {
 // file. Its error is about that file.
 func (c Config) tenancyConfig(log *slog.Logger) (tenancy.Config, error) {
 	tc := tenancy.Config{
+		Format:      tenancy.Format(c.TenantFormat),
+		Static:      c.TenantStatic,
+		PathPattern: c.TenantPath,
+		HostPattern: c.TenantHost,
+		Setting:     proxy.Variable,
 		Header:      c.TenantHeader,
 		Claim:       c.JWTClaim,
 		JWKSURL:     c.JWKSURL,

@@ -148,8 +148,18 @@ func TestConfigChoices(t *testing.T) {
 	if !slices.Equal(modes, libModes) {
 		t.Errorf("modes %q, the proxy's %q", modes, libModes)
 	}
-	if libSources := (choices{string(tenancy.SourceHeader), string(tenancy.SourceJWT)}); !slices.Equal(tenantSources, libSources) {
+	var libSources, libFormats choices
+	for _, s := range tenancy.Sources {
+		libSources = append(libSources, string(s))
+	}
+	for _, f := range tenancy.Formats {
+		libFormats = append(libFormats, string(f))
+	}
+	if !slices.Equal(tenantSources, libSources) {
 		t.Errorf("tenant sources %q, tenancy's %q", tenantSources, libSources)
+	}
+	if !slices.Equal(tenantFormats, libFormats) {
+		t.Errorf("tenant formats %q, tenancy's %q", tenantFormats, libFormats)
 	}
 }
 
@@ -193,7 +203,9 @@ func TestLibrarySettings(t *testing.T) {
 			Mode: "x", KeyTTL: -1, LockTimeout: -1, UpstreamTimeout: -1, StoreTimeout: -1, BodyTimeout: -1,
 			RequireKey: []string{"GET"}, MaxBodyBytes: -1, MaxBufferedBytes: -2, ReplayMaxBytes: -1,
 		}}.Validate(),
-		tenancy.Config{Sources: []tenancy.Source{"x"}, Header: "a b", HS256Secret: []byte("s"), JWKSURL: "ftp://x", JWKSRefresh: -1}.Validate(),
+		tenancy.Config{Sources: []tenancy.Source{"x"}, Header: "a b", HS256Secret: []byte("s"), JWKSURL: "ftp://x", JWKSRefresh: -1,
+			Format: "x", Static: "\x00", PathPattern: "x", HostPattern: "x"}.Validate(),
+		proxy.TLSFiles{ClientCAFile: "/nonexistent"}.Validate(),
 		memory.Options{MaxEntries: -1, MaxBytes: 1, TenantMaxEntries: -1}.Validate(),
 		postgres.Options{MaxConns: -1, StatementTimeout: 1, MaxBatch: -1, BatchesInFlight: -1, OpTimeout: -1}.Validate(),
 		redis.Options{PoolSize: -1, WaitReplicas: -1, OpTimeout: -1}.Validate(),

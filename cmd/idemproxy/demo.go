@@ -12,8 +12,11 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemproxy/idemproxy/tenancy"
 )
 
 // orders is the bundled demo upstream: a tiny, deliberately non-idempotent
@@ -151,7 +154,10 @@ func runDemoUpstream(ctx context.Context, getenv func(string) string, stdout io.
 // runDemo runs the proxy with the memory store in front of an in-process
 // demo orders service on DEMO_LISTEN_ADDR (default: a free loopback
 // port), unless IDEMPROXY_UPSTREAM_URL names another one. Its admin
-// listener defaults to 127.0.0.1:9090, on loopback only.
+// listener defaults to 127.0.0.1:9090, on loopback only. Unless
+// IDEMPROXY_TENANT_SOURCE says otherwise it is single-tenant: the tenant
+// is the X-Tenant-ID header when sent, else demoTenant (or
+// IDEMPROXY_TENANT_STATIC), so a request needs only its Idempotency-Key.
 func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	vars := environMap(environ)
 	upstream := vars["IDEMPROXY_UPSTREAM_URL"]
@@ -172,6 +178,13 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	if vars["IDEMPROXY_ADMIN_ADDR"] == "" {
 		environ = append(environ, "IDEMPROXY_ADMIN_ADDR="+demoAdminAddr)
 	}
+	singleTenant := vars["IDEMPROXY_TENANT_SOURCE"] == ""
+	if singleTenant {
+		environ = append(environ, "IDEMPROXY_TENANT_SOURCE=header,static")
+		if vars["IDEMPROXY_TENANT_STATIC"] == "" {
+			environ = append(environ, "IDEMPROXY_TENANT_STATIC="+demoTenant)
+		}
+	}
 	cfg, err := loadConfig(environ)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
@@ -181,9 +194,19 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	if host == "" {
 		host = "localhost"
 	}
+	try := "curl -i -X POST " + net.JoinHostPort(host, port) + "/orders -H 'Idempotency-Key: order-1'"
+	if cfg.TLSCertFile != "" {
+		// The file names scripts/democerts writes.
+		try = "curl -i --cacert ca.pem -X POST https://" + net.JoinHostPort(host, port) + "/orders -H 'Idempotency-Key: order-1'"
+		if cfg.TLSClientCAFile != "" {
+			try += " --cert acme.pem --key acme-key.pem"
+		}
+	}
+	if !singleTenant && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
+		try += " -H '" + cfg.TenantHeader + ": " + demoTenant + "'"
+	}
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
-		"orders", upstream,
-		"try", "curl -i -X POST "+net.JoinHostPort(host, port)+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
+		"orders", upstream, "tenant_source", strings.Join(cfg.TenantSource, ","), "try", try+` -d '{"item":"book"}'`)
 	err = serve(ctx, cfg, stdout)
 	cancel()
 	if uerr := <-errc; err == nil {
@@ -191,6 +214,10 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	return err
 }
+
+// demoTenant is the demo's static tenant: the one requests without an
+// X-Tenant-ID header belong to.
+const demoTenant = "0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20"
 
 // demoAdminAddr is the demo's admin listener unless IDEMPROXY_ADMIN_ADDR
 // says otherwise: loopback only, since the demo is for trying idemproxy

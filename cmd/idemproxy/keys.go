@@ -19,9 +19,9 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-const keysSynopsis = `usage: idemproxy keys get|delete -tenant UUID -key KEY [-json] [-admin ADDR]
-       idemproxy keys list -tenant UUID [-state unknown] [-limit N] [-cursor C] [-json] [-admin ADDR]
-       idemproxy keys resolve -tenant UUID -key KEY -status N [-command ID] [-json] [-admin ADDR]`
+const keysSynopsis = `usage: idemproxy keys get|delete -tenant TENANT -key KEY [-json] [-admin ADDR]
+       idemproxy keys list -tenant TENANT [-state unknown] [-limit N] [-cursor C] [-json] [-admin ADDR]
+       idemproxy keys resolve -tenant TENANT -key KEY -status N [-command ID] [-json] [-admin ADDR]`
 
 const keysUsage = keysSynopsis + `
 
@@ -38,6 +38,10 @@ in IDEMPROXY_ADMIN_TOKEN.
            effect, and retries replay it from then on (audit-logged);
            -command names the held command, so that a key held again
            for another command since is left alone
+
+TENANT is the tenant's UUID or, when the proxy runs with
+IDEMPROXY_TENANT_FORMAT=any, the tenant string its clients send (acme):
+the proxy finds it under that string's UUID.
 
 get, list and resolve print a table; -json prints the admin API's JSON
 instead.
@@ -62,7 +66,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	fs := flag.NewFlagSet("keys "+op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	tenant := fs.String("tenant", "", "tenant UUID")
+	tenant := fs.String("tenant", "", "tenant: its UUID, or its string under IDEMPROXY_TENANT_FORMAT=any")
 	key := fs.String("key", "", "idempotency key (get, delete, resolve)")
 	state := fs.String("state", "", "list only the keys in this state: unknown, the held keys (list)")
 	status := fs.Int("status", 0, "the status code the held key's record replays (resolve)")

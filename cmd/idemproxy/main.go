@@ -6,6 +6,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -235,12 +236,18 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	var draining atomic.Bool
 	admin, err := proxy.NewAdmin(proxy.AdminConfig{
 		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log, Routes: p.RoutesInForce,
-		KeyTTL: cfg.KeyTTL,
+		KeyTTL: cfg.KeyTTL, TenantFormat: resolver.Format(),
 	})
 	if err != nil {
 		return err
 	}
 
+	var certs *proxy.Certificates
+	if files := cfg.tlsFiles(); files != nil {
+		if certs, err = proxy.LoadCertificates(*files); err != nil {
+			return fmt.Errorf("configuration: %w", explain(err))
+		}
+	}
 	proxyLn, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("IDEMPROXY_LISTEN_ADDR: %w", err)
@@ -250,18 +257,32 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		proxyLn.Close()
 		return fmt.Errorf("IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
+	var reloads []func()
 	if cfg.RoutesFile != "" {
+		reloads = append(reloads, func() { reloadRoutes(cfg, p, metrics, log) })
+	}
+	if certs != nil {
+		reloads = append(reloads, func() { reloadCertificates(certs, log) })
+	}
+	if len(reloads) > 0 {
 		hup, stopHangup := notifyHangup()
 		defer stopHangup()
-		go reloadRoutes(ctx, hup, cfg, p, metrics, log)
+		go onHangup(ctx, hup, reloads)
 	}
 	proxySrv, adminSrv := cfg.server(p, log), cfg.server(admin, log)
 	proxySrv.IdleTimeout = 120 * time.Second
+	servedLn := proxy.WriteTimeoutListener(proxyLn, cfg.WriteTimeout)
+	scheme := "http"
+	if certs != nil {
+		servedLn, scheme = tls.NewListener(servedLn, certs.TLSConfig()), "https"
+		log.Info("proxy listener serves TLS", "certificate", certs.Leaf().Subject.String(),
+			"not_after", certs.Leaf().NotAfter.UTC(), "client_certificates", certs.MutualTLS())
+	}
 	errc := make(chan error, 2)
-	go func() { errc <- proxySrv.Serve(proxy.WriteTimeoutListener(proxyLn, cfg.WriteTimeout)) }()
+	go func() { errc <- proxySrv.Serve(servedLn) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
-	log.Info("listening", "proxy", proxyLn.Addr().String(), "admin", adminLn.Addr().String(),
+	log.Info("listening", "proxy", proxyLn.Addr().String(), "scheme", scheme, "admin", adminLn.Addr().String(),
 		"upstream", pc.Upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "routes", len(p.RoutesInForce().Routes),
 		"version", versionString())
 
@@ -304,11 +325,21 @@ func (c Config) server(h http.Handler, log *slog.Logger) *http.Server {
 }
 
 // warnReplayWithHeaderTenant warns when replay mode hands stored responses
-// to whoever names a tenant in a header: the header is not authenticated.
+// to whoever names a tenant in a header, the path or the host: those
+// sources are asserted, not authenticated.
 func warnReplayWithHeaderTenant(log *slog.Logger, cfg Config) {
-	if cfg.Mode == modeName(idempotency.ModeReplay) && slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
+	if cfg.Mode != modeName(idempotency.ModeReplay) {
+		return
+	}
+	if slices.Contains(cfg.TenantSource, string(tenancy.SourceHeader)) {
 		log.Warn("replay mode with a header tenant source: the tenant header is not authenticated, so a client that sends another tenant's id and one of its keys (without a token) is answered that tenant's stored response; run it only behind a gateway that sets the header, or use IDEMPROXY_TENANT_SOURCE=jwt",
 			"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","), "tenant_header", cfg.TenantHeader)
+	}
+	for _, s := range []tenancy.Source{tenancy.SourcePath, tenancy.SourceHost} {
+		if slices.Contains(cfg.TenantSource, string(s)) {
+			log.Warn("replay mode with a "+string(s)+" tenant source: the "+string(s)+" is not authenticated, so a client that names another tenant there and one of its keys (without a token) is answered that tenant's stored response; run it only where the upstream or a gateway authorizes the "+string(s)+" first, or use jwt or cert",
+				"mode", cfg.Mode, "tenant_source", strings.Join(cfg.TenantSource, ","))
+		}
 	}
 }
 

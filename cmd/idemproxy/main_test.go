@@ -327,7 +327,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{"IDEMPROXY_STORE": "dynamo"}, "IDEMPROXY_STORE must be memory, postgres or redis"},
 		{map[string]string{"IDEMPROXY_STORE": "redis"}, "IDEMPROXY_REDIS_URL is required"},
 		{map[string]string{"IDEMPROXY_STORE": "postgres"}, "IDEMPROXY_DATABASE_URL is required"},
-		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "cookie"}, `IDEMPROXY_TENANT_SOURCE must list header or jwt, got "cookie"`},
+		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "cookie"}, `IDEMPROXY_TENANT_SOURCE must list header, jwt, static, path, host or cert, got "cookie"`},
 		{map[string]string{"IDEMPROXY_TENANT_SOURCE": "jwt"}, "IDEMPROXY_TENANT_SOURCE includes jwt"},
 		{map[string]string{"IDEMPROXY_JWT_HS256_SECRET": "short"}, "IDEMPROXY_JWT_HS256_SECRET must be at least 32 bytes"},
 		{map[string]string{"IDEMPROXY_REQUIRE_KEY": "POST,GET"}, `IDEMPROXY_REQUIRE_KEY must list non-safe methods such as POST, PUT, PATCH or DELETE, got "GET"`},

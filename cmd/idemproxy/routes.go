@@ -49,7 +49,15 @@ func runRoutes(args, environ []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return routesError(err)
 	}
+	tc, err := cfg.tenancyConfig(nil)
+	if err := tell([]error{err, tc.Validate()}); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if err := rs.CheckTenancy(tc); err != nil {
+		return routesError(err)
+	}
 	routes, def := rs.Policies(pc.Config)
+	def.Tenant = strings.Join(cfg.TenantSource, ",")
 	fmt.Fprintf(stdout, "%s: %d routes, valid\n", args[1], len(routes))
 	printPolicies(stdout, append(routes, def))
 	return nil
@@ -58,7 +66,7 @@ func runRoutes(args, environ []string, stdout, stderr io.Writer) error {
 // printPolicies prints one line per policy with every setting in force.
 func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "LINE\tMATCH\tCOMMAND\tIDEMPOTENCY\tMODE\tREQUIRE_KEY\tKEY\tKEY_TTL\tLOCK_TIMEOUT\tUPSTREAM_TIMEOUT\tSUCCESS_STATUS\tREPLAY_MAX_BYTES\tMAX_BODY_BYTES")
+	fmt.Fprintln(tw, "LINE\tMATCH\tCOMMAND\tIDEMPOTENCY\tMODE\tREQUIRE_KEY\tKEY\tKEY_TTL\tLOCK_TIMEOUT\tUPSTREAM_TIMEOUT\tSUCCESS_STATUS\tREPLAY_MAX_BYTES\tMAX_BODY_BYTES\tTENANT")
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -76,9 +84,13 @@ func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 		if p.Line > 0 {
 			line = strconv.Itoa(p.Line)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", line, p.Match, dash(p.Command), p.Idempotency,
+		tenant := p.Tenant
+		if tenant == "" && p.Idempotency == "on" {
+			tenant = "(default)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", line, p.Match, dash(p.Command), p.Idempotency,
 			dash(p.Mode), dash(p.RequireKey), dash(p.Key), dash(p.KeyTTL), dash(p.LockTimeout), dash(p.UpstreamTimeout),
-			dash(p.SuccessStatus), num(p.ReplayMaxBytes), num(p.MaxBodyBytes))
+			dash(p.SuccessStatus), num(p.ReplayMaxBytes), num(p.MaxBodyBytes), dash(tenant))
 	}
 	tw.Flush()
 }
@@ -90,23 +102,42 @@ func notifyHangup() (<-chan os.Signal, func()) {
 	return hup, func() { signal.Stop(hup) }
 }
 
-// reloadRoutes re-reads the routes file on every SIGHUP until ctx ends: a
-// valid file replaces the policy for new requests, an invalid one is
-// logged with its lines and counted, and the policy in force stays.
-func reloadRoutes(ctx context.Context, hup <-chan os.Signal, cfg Config, p *proxy.Proxy, metrics *proxy.Metrics, log *slog.Logger) {
+// onHangup runs every reload on each SIGHUP until ctx ends.
+func onHangup(ctx context.Context, hup <-chan os.Signal, reloads []func()) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
 		}
-		err := p.ReloadRoutes(cfg.RoutesFile)
-		if err != nil {
-			metrics.RoutesReloadFailures.Inc()
-			log.Error("routes file not reloaded: the policy in force stays", "file", cfg.RoutesFile,
-				"error", routesError(err).Error())
-			continue
+		for _, reload := range reloads {
+			reload()
 		}
-		log.Info("routes file reloaded", "file", cfg.RoutesFile, "routes", len(p.RoutesInForce().Routes))
 	}
+}
+
+// reloadRoutes re-reads the routes file: a valid file replaces the policy
+// for new requests, an invalid one is logged with its lines and counted,
+// and the policy in force stays.
+func reloadRoutes(cfg Config, p *proxy.Proxy, metrics *proxy.Metrics, log *slog.Logger) {
+	err := p.ReloadRoutes(cfg.RoutesFile)
+	if err != nil {
+		metrics.RoutesReloadFailures.Inc()
+		log.Error("routes file not reloaded: the policy in force stays", "file", cfg.RoutesFile,
+			"error", routesError(err).Error())
+		return
+	}
+	log.Info("routes file reloaded", "file", cfg.RoutesFile, "routes", len(p.RoutesInForce().Routes))
+}
+
+// reloadCertificates re-reads the proxy listener's TLS files: new
+// handshakes get them, open connections keep theirs; files that cannot be
+// used are logged, and the certificate in force stays.
+func reloadCertificates(certs *proxy.Certificates, log *slog.Logger) {
+	if err := certs.Reload(); err != nil {
+		log.Error("TLS certificates not reloaded: the certificate in force stays", "error", explain(err).Error(),
+			"certificate", certs.Leaf().Subject.String(), "not_after", certs.Leaf().NotAfter.UTC())
+		return
+	}
+	log.Info("TLS certificates reloaded", "certificate", certs.Leaf().Subject.String(), "not_after", certs.Leaf().NotAfter.UTC())
 }
