@@ -29,9 +29,13 @@ routes:
     success_status: "2xx,303"
     replay_max_bytes: 65536
     max_body_bytes: 1048576
+    command_timeout: 2m
+    in_flight_wait: 0s
+    unknown_outcome: release
   - match: "post /v1/orders/{id}"
     key: "json:/order_id"
     mode: replay
+    in_flight_wait: 3s
   - match: "POST /v1/search"
     idempotency: "off"
   - match: "PUT /q"
@@ -50,8 +54,12 @@ routes:
 	status, _ := idempotency.ParseStatusSet("2xx,303")
 	if pay.Match != "POST /v1/payments" || pay.Line != 3 || o.CommandType != "CreatePayment" || o.Mode != idempotency.ModeStrict ||
 		!o.RequireKey || o.KeyTTL != 72*time.Hour || o.LockTimeout != 15*time.Second || o.UpstreamTimeout != 20*time.Second ||
-		o.SuccessStatus != status || o.ReplayMaxBytes != 65536 || o.MaxBodyBytes != 1048576 || pay.Off {
+		o.SuccessStatus != status || o.ReplayMaxBytes != 65536 || o.MaxBodyBytes != 1048576 || pay.Off ||
+		o.CommandTimeout != 2*time.Minute || o.InFlightWait != idempotency.NoWait || o.UnknownOutcome != idempotency.OutcomeRelease {
 		t.Fatalf("payments: %+v", pay)
+	}
+	if o := rs.Routes[1].Overrides; o.InFlightWait != 3*time.Second || o.CommandTimeout != 0 || o.UnknownOutcome != "" {
+		t.Fatalf("orders' retry settings: %+v", o)
 	}
 	orders := rs.Routes[1]
 	if orders.Match != "POST /v1/orders/{id}" || orders.Overrides.CommandType != "POST /v1/orders/{id}" ||
@@ -121,6 +129,14 @@ func TestParseRoutesErrors(t *testing.T) {
 			[]string{"routes.yaml:4: routes[0].mode: is given twice (first on line 3)"}},
 		{"not YAML", "routes:\n  - match: [POST\n", []string{"is not valid YAML"}},
 		{"routes not a list", "routes: POST /a\n", []string{"routes.yaml:1: routes: must be a list of routes"}},
+		{"command timeout below the upstream timeout", "routes:\n  - match: POST /a\n    upstream_timeout: 20s\n    command_timeout: 10s\n",
+			[]string{"routes.yaml:4: routes[0].command_timeout (POST /a): must not be below upstream_timeout (10s < 20s)"}},
+		{"wait past the command timeout", "routes:\n  - match: POST /a\n    in_flight_wait: 10m\n",
+			[]string{"routes.yaml:3: routes[0].in_flight_wait (POST /a): must not exceed IDEMPROXY_COMMAND_TIMEOUT"}},
+		{"bad unknown outcome", "routes:\n  - match: POST /a\n    unknown_outcome: forget\n",
+			[]string{`routes.yaml:3: routes[0].unknown_outcome: must be hold or release, got "forget"`}},
+		{"negative wait", "routes:\n  - match: POST /a\n    in_flight_wait: -1s\n",
+			[]string{`routes.yaml:3: routes[0].in_flight_wait: must be a positive duration, got -1s`}},
 		{"several mistakes", "routes:\n  - match: POST /a\n    mode: x\n  - match: POST /b\n    key_ttl: y\n",
 			[]string{"routes.yaml:3: routes[0].mode:", "routes.yaml:5: routes[1].key_ttl:"}},
 	} {
