@@ -207,7 +207,9 @@ func TestFailRollsBackAndFreesKey(t *testing.T) {
 func TestDuplicateDuringSlowTransaction(t *testing.T) {
 	for _, transactional := range []bool{true, false} {
 		name := map[bool]string{true: "transactional", false: "non-transactional"}[transactional]
-		t.Run(name, func(t *testing.T) { testDuplicateDuringSlowTransaction(t, startLedger(t, transactional), transactional) })
+		t.Run(name, func(t *testing.T) {
+			testDuplicateDuringSlowTransaction(t, startLedger(t, transactional), transactional)
+		})
 	}
 }
 
