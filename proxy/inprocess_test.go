@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
@@ -141,49 +142,77 @@ func TestMiddlewareStateTable(t *testing.T) {
 }
 
 // TestMiddlewareRacingDuplicates: concurrent duplicates run the handler
-// once: the others get 409 in-progress while it runs, a replay after.
+// once. They wait for it and replay its outcome; with the in-flight wait
+// off they get 409 in-progress while it runs, and a replay after.
 func TestMiddlewareRacingDuplicates(t *testing.T) {
 	forEachStore(t, func(t *testing.T, st option) {
-		s := newService(t, st, nil)
-		entered, release := make(chan struct{}, 1), make(chan struct{})
-		s.set(func(w http.ResponseWriter, r *http.Request) {
-			entered <- struct{}{}
-			<-release
-			w.WriteHeader(http.StatusCreated)
-		})
-		first := req{key: "race", body: "same"}
-		done := make(chan *http.Response)
-		go func() { done <- s.do(first) }()
-		<-entered
-		const n = 20
-		statuses := make(chan int, n)
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				r, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/orders", strings.NewReader("same"))
-				r.Header.Set("Idempotency-Key", "race")
-				r.Header.Set("X-Tenant-ID", s.tenant.String())
-				resp, err := http.DefaultClient.Do(r)
-				if err != nil {
-					statuses <- 0
-					return
-				}
-				resp.Body.Close()
-				statuses <- resp.StatusCode
+		for _, wait := range []bool{true, false} {
+			t.Run(map[bool]string{true: "waiting", false: "wait off"}[wait], func(t *testing.T) {
+				testMiddlewareRacingDuplicates(t, st, wait)
 			})
 		}
-		wg.Wait()
-		close(statuses)
-		for code := range statuses {
-			if code != http.StatusConflict {
-				t.Fatalf("a duplicate while the handler runs got %d, want 409", code)
-			}
-		}
-		close(release)
-		wantStatus(t, <-done, http.StatusCreated)
-		s.wantReplay(s.do(first), idempotency.ModeNoop, http.StatusCreated)
-		s.wantRuns(1)
 	})
+}
+
+func testMiddlewareRacingDuplicates(t *testing.T, st option, wait bool) {
+	metrics := proxy.NewMetrics(nil)
+	s := newService(t, st, func(c *idempotency.Config) {
+		c.Metrics = metrics
+		if !wait {
+			c.InFlightWait = idempotency.NoWait
+		}
+	})
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	s.set(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})
+	first := req{key: "race", body: "same"}
+	done := make(chan *http.Response)
+	go func() { done <- s.do(first) }()
+	<-entered
+	const n = 20
+	type answer struct {
+		status   int
+		replayed bool
+	}
+	answers := make(chan answer, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			r, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/orders", strings.NewReader("same"))
+			r.Header.Set("Idempotency-Key", "race")
+			r.Header.Set("X-Tenant-ID", s.tenant.String())
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				answers <- answer{}
+				return
+			}
+			resp.Body.Close()
+			answers <- answer{resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true"}
+		})
+	}
+	if wait {
+		mustWaitFor(t, "every duplicate to wait", func() bool { return testutil.ToFloat64(metrics.Waiters) == n })
+		close(release)
+	}
+	wg.Wait()
+	close(answers)
+	for a := range answers {
+		switch {
+		case wait && (a.status != http.StatusCreated || !a.replayed):
+			t.Fatalf("a waiting duplicate got %d (replayed %v), want the handler's 201 replayed", a.status, a.replayed)
+		case !wait && a.status != http.StatusConflict:
+			t.Fatalf("a duplicate while the handler runs got %d, want 409", a.status)
+		}
+	}
+	if !wait {
+		close(release)
+	}
+	wantStatus(t, <-done, http.StatusCreated)
+	s.wantReplay(s.do(first), idempotency.ModeNoop, http.StatusCreated)
+	s.wantRuns(1)
 }
 
 // TestMiddlewareFailureReleases: a status outside SuccessStatus is no
