@@ -152,7 +152,7 @@ func runDemoUpstream(ctx context.Context, getenv func(string) string, stdout io.
 // demo orders service on DEMO_LISTEN_ADDR (default: a free loopback
 // port), unless IDEMPROXY_UPSTREAM_URL names another one. Its admin
 // listener defaults to 127.0.0.1:9090, on loopback only.
-func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
+func runDemo(ctx context.Context, environ []string, stdout io.Writer, hup *hangups) error {
 	vars := environMap(environ)
 	upstream := vars["IDEMPROXY_UPSTREAM_URL"]
 	errc := make(chan error, 1)
@@ -184,7 +184,7 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
 		"orders", upstream,
 		"try", "curl -i -X POST "+net.JoinHostPort(host, port)+"/orders -H 'Idempotency-Key: order-1' -H 'X-Tenant-ID: 0b9f6a3e-4d1c-4c7e-9f2a-5e8b7d6c1a20' -d '{\"item\":\"book\"}'")
-	err = serve(ctx, cfg, stdout)
+	err = serve(ctx, cfg, stdout, hup)
 	cancel()
 	if uerr := <-errc; err == nil {
 		err = uerr

@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/caarlos0/env/v11"
@@ -83,30 +78,15 @@ func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 	tw.Flush()
 }
 
-// notifyHangup relays SIGHUP to the channel it returns, until stop.
-func notifyHangup() (<-chan os.Signal, func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	return hup, func() { signal.Stop(hup) }
-}
-
-// reloadRoutes re-reads the routes file on every SIGHUP until ctx ends: a
-// valid file replaces the policy for new requests, an invalid one is
-// logged with its lines and counted, and the policy in force stays.
-func reloadRoutes(ctx context.Context, hup <-chan os.Signal, cfg Config, p *proxy.Proxy, metrics *proxy.Metrics, log *slog.Logger) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-		}
-		err := p.ReloadRoutes(cfg.RoutesFile)
-		if err != nil {
+// routesReloader re-reads the routes file on SIGHUP: a valid file
+// replaces the policy for new requests; an invalid one is counted, and the
+// policy in force stays.
+func routesReloader(file string, p *proxy.Proxy, metrics *proxy.Metrics) reloader {
+	return reloader{what: "routes file", reload: func() ([]any, error) {
+		if err := p.ReloadRoutes(file); err != nil {
 			metrics.RoutesReloadFailures.Inc()
-			log.Error("routes file not reloaded: the policy in force stays", "file", cfg.RoutesFile,
-				"error", routesError(err).Error())
-			continue
+			return []any{"file", file}, routesError(err)
 		}
-		log.Info("routes file reloaded", "file", cfg.RoutesFile, "routes", len(p.RoutesInForce().Routes))
-	}
+		return []any{"file", file, "routes", len(p.RoutesInForce().Routes)}, nil
+	}}
 }
