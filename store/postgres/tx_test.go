@@ -457,3 +457,70 @@ func TestTxCoexistsWithSidecar(t *testing.T) {
 	}
 	e.wantEffects(t, tenant, "open", 1)
 }
+
+// TestTxRecordLivesFromItsWrite: a record written in a transaction lives
+// KeyTTL from the moment it is written (the statement that writes it, just
+// before the commit), not from the transaction's start: a long
+// transaction does not shorten its record's life. Both forms: the
+// store's own transaction and the caller's.
+func TestTxRecordLivesFromItsWrite(t *testing.T) {
+	e := newTxEnv(t, 0, idempotency.ModeNoop)
+	tenant := uuid.New()
+	// txStart reads the transaction's start, then lets time pass in it.
+	txStart := func(ctx context.Context, tx pgx.Tx) (time.Time, error) {
+		var start time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&start); err != nil {
+			return start, err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`)
+		return start, err
+	}
+	check := func(key string, start time.Time) {
+		t.Helper()
+		var created, expires time.Time
+		conn, err := e.pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if err := conn.QueryRow(t.Context(), `SELECT created_at, expires_at FROM idempotency_keys WHERE tenant_id = $1 AND key = $2`,
+			tenant, key).Scan(&created, &expires); err != nil {
+			t.Fatal(err)
+		}
+		if !created.After(start) {
+			t.Errorf("%s: created_at %s is the transaction's start %s, want the record's write", key, created, start)
+		}
+		if got, want := expires.Sub(created), e.step.Config().KeyTTL; got != want {
+			t.Errorf("%s: lives %s, want %s", key, got, want)
+		}
+	}
+
+	var start time.Time
+	if _, err := e.step.Run(t.Context(), idempotency.Command{Tenant: tenant, Key: "own", Type: "t"}, func(ctx context.Context) ([]byte, error) {
+		tx, _ := TxFrom(ctx)
+		var err error
+		start, err = txStart(ctx, tx)
+		return nil, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check("own", start)
+
+	tx, err := e.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	if start, err = txStart(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.step.Run(WithTx(t.Context(), tx), idempotency.Command{Tenant: tenant, Key: "caller's", Type: "t"}, func(ctx context.Context) ([]byte, error) {
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	check("caller's", start)
+}
