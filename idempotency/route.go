@@ -299,11 +299,7 @@ func checkKey(key, where string) error {
 // (escaped) path.
 func (g *Step) commandTypeOf(method, path string) string {
 	if g.route != nil && g.route.commandType != "" {
-		ct := g.route.commandType
-		if len(ct) > maxCommandType {
-			ct = ct[:maxCommandType-3] + "..."
-		}
-		return ct
+		return cutCommandType(g.route.commandType)
 	}
 	return commandType(method, path)
 }
