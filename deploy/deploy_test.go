@@ -28,6 +28,7 @@ var dashboardMetrics = []string{
 	"idemproxy_record_write_failures_total",
 	"idemproxy_lock_lost_total",
 	"idemproxy_lease_renewal_failures_total",
+	"idemproxy_lease_overrun_total",
 	"idemproxy_purged_rows_total",
 }
 

@@ -133,8 +133,8 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 		return nil
 	}
 
-	// The path is the escaped one the upstream receives: /a%2Fb is not /a/b.
-	path := r.URL.EscapedPath()
+	// The path is the escaped one, normalised: /a%2Fb is not /a/b.
+	path := NormalPath(r.URL)
 	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, tenancy.CommandPath(r.Context(), path)))
 	c.body, c.bodyLen = upBody, int64(len(body))
 	return c

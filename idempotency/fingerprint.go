@@ -60,17 +60,9 @@ func hashInPlace(prefix, body []byte) idemproxy.Fingerprint {
 	return sum
 }
 
-// maxCommandType bounds the command type kept with a lock or record; a
-// longer one is cut (the fingerprint still covers the whole path).
-const maxCommandType = 512
-
-// commandType is "METHOD /path", at most maxCommandType bytes.
+// commandType is "METHOD /path", at most MaxCommandTypeLen bytes.
 func commandType(method, path string) string {
-	ct := method + " " + path
-	if len(ct) > maxCommandType {
-		ct = ct[:maxCommandType-3] + "..."
-	}
-	return ct
+	return cutCommandType(method + " " + path)
 }
 
 func newCommandID() uuid.UUID {

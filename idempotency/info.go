@@ -87,6 +87,11 @@ type Metrics interface {
 	// over (the renewals stop, and a retry may run the command again),
 	// otherwise because the store did not answer (it is tried again).
 	CountRenewalFailure(lost bool)
+	// CountLeaseOverrun counts a renewal of a lease answered only after
+	// the lease had ended (by this process's clock): the store was away
+	// for longer than the lease, and another attempt may have claimed
+	// the key and run the command meanwhile.
+	CountLeaseOverrun()
 	// AddBuffered adds delta (negative to give back) to the bytes of
 	// keyed request bodies and of responses held for records buffered
 	// now.
@@ -106,6 +111,7 @@ func (noMetrics) ObserveStoreOp(string, time.Duration) {}
 func (noMetrics) CountRecordWriteFailure()             {}
 func (noMetrics) CountLockLost()                       {}
 func (noMetrics) CountRenewalFailure(bool)             {}
+func (noMetrics) CountLeaseOverrun()                   {}
 func (noMetrics) AddBuffered(int64)                    {}
 func (noMetrics) CountUnknownOutcome(string)           {}
 func (noMetrics) AddWaiters(int64)                     {}

@@ -57,6 +57,9 @@ func (c *Attempt) renew() {
 		return // stopped while the renewal was on its way
 	}
 	lost := errors.Is(err, idemproxy.ErrNotOwner)
+	if late := time.Since(c.leaseEnd); late > 0 && (err == nil || lost) {
+		c.overrun(late, lost)
+	}
 	switch {
 	case err == nil:
 		c.leaseEnd = sent.Add(cl.Lease)
@@ -79,6 +82,18 @@ func (c *Attempt) renew() {
 	}
 	attrs = append(attrs, "lease_ends_in", time.Until(c.leaseEnd).Round(time.Millisecond).String())
 	g.log.Warn("lease not renewed: the store did not answer; trying again", attrs...)
+}
+
+// overrun reports a renewal answered late after the lease had ended by
+// this process's clock: the store was away for longer than the lease,
+// and another attempt may have claimed the key and run the command
+// meanwhile (lost says it did, or the lock was deleted).
+func (c *Attempt) overrun(late time.Duration, lost bool) {
+	g, cl := c.idem, c.claim
+	g.metrics.CountLeaseOverrun()
+	g.log.Error("lease overrun: the store answered a renewal only after the lease had ended; another attempt may have run the command meanwhile",
+		"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
+		"command_id", cl.CommandID.String(), "late_by", late.Round(time.Millisecond).String(), "lock_lost", lost)
 }
 
 // settle marks the command as settling: renewals go on, but a failed one

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -312,11 +311,7 @@ func checkKey(key, where string) error {
 // (escaped) path.
 func (g *Step) commandTypeOf(method, path string) string {
 	if g.route != nil && g.route.commandType != "" {
-		ct := g.route.commandType
-		if len(ct) > maxCommandType {
-			ct = ct[:maxCommandType-3] + "..."
-		}
-		return ct
+		return cutCommandType(g.route.commandType)
 	}
 	return commandType(method, path)
 }
@@ -373,32 +368,23 @@ func (g *Step) Prepare(w http.ResponseWriter, r *http.Request) (out *http.Reques
 
 // bodyKey finds the member at pointer in a JSON body: a string or a
 // number is the key; a body that is not JSON, or lacks the member, carries
-// none; another JSON type is an invalid key.
+// none; another JSON type is an invalid key. Of members with the same
+// name the last counts, as when the body is decoded with encoding/json.
+//
+// The body is never decoded into a tree: json.Valid checks it (and so
+// bounds its nesting, as encoding/json does), then a walk over its tokens
+// follows the pointer and skips every other value token by token, so
+// reading a key costs little memory beyond the body's own buffer however
+// large the values around it.
 func bodyKey(body []byte, pointer []string, name string) (key string, found bool, err error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
+	if !json.Valid(body) {
 		return "", false, nil
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", false, nil // more than one JSON value: not a JSON body
-	}
-	for _, tok := range pointer {
-		switch node := v.(type) {
-		case map[string]any:
-			if v, found = node[tok]; !found {
-				return "", false, nil
-			}
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(node) || (len(tok) > 1 && tok[0] == '0') {
-				return "", false, nil
-			}
-			v = node[i]
-		default:
-			return "", false, nil
-		}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	v, found, err := findPointer(dec, pointer, true)
+	if err != nil || !found {
+		return "", false, nil
 	}
 	where := "the JSON body at " + name
 	switch k := v.(type) {
@@ -413,14 +399,104 @@ func bodyKey(body []byte, pointer []string, name string) (key string, found bool
 	}
 }
 
-func jsonType(v any) string {
-	switch v.(type) {
-	case bool:
-		return "boolean"
-	case map[string]any:
+// findPointer reads the next value from dec and returns the token at
+// pointer within it (a json.Delim for an object or an array). It reads
+// the value whole, unless last says that nothing after it matters: then
+// it stops once the answer is known.
+func findPointer(dec *json.Decoder, pointer []string, last bool) (v json.Token, found bool, err error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, false, err
+	}
+	if len(pointer) == 0 {
+		if d, ok := tok.(json.Delim); ok {
+			return d, true, skipRest(dec)
+		}
+		return tok, true, nil
+	}
+	switch tok {
+	case json.Delim('{'):
+		for dec.More() {
+			name, err := dec.Token()
+			if err != nil {
+				return nil, false, err
+			}
+			if name != pointer[0] {
+				if err := skipValue(dec); err != nil {
+					return nil, false, err
+				}
+				continue
+			}
+			// A later member of the same name replaces this one.
+			if v, found, err = findPointer(dec, pointer[1:], false); err != nil {
+				return nil, false, err
+			}
+		}
+	case json.Delim('['):
+		want, err := strconv.Atoi(pointer[0])
+		if err != nil || want < 0 || (len(pointer[0]) > 1 && pointer[0][0] == '0') {
+			want = -1
+		}
+		for i := 0; dec.More(); i++ {
+			if i != want {
+				if want < 0 && last {
+					return nil, false, nil
+				}
+				if err := skipValue(dec); err != nil {
+					return nil, false, err
+				}
+				continue
+			}
+			if v, found, err = findPointer(dec, pointer[1:], last); err != nil || last {
+				return v, found, err
+			}
+		}
+	default:
+		return nil, false, nil
+	}
+	_, err = dec.Token() // the closing delimiter
+	return v, found, err
+}
+
+// skipValue reads the next value from dec, token by token.
+func skipValue(dec *json.Decoder) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if _, ok := tok.(json.Delim); ok {
+		return skipRest(dec)
+	}
+	return nil
+}
+
+// skipRest reads the rest of the object or array whose opening delimiter
+// dec has just read.
+func skipRest(dec *json.Decoder) error {
+	for depth := 1; depth > 0; {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+	return nil
+}
+
+func jsonType(v json.Token) string {
+	switch v {
+	case json.Delim('{'):
 		return "object"
-	case []any:
+	case json.Delim('['):
 		return "array"
+	}
+	if _, ok := v.(bool); ok {
+		return "boolean"
 	}
 	return "value"
 }

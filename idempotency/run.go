@@ -27,7 +27,9 @@ type Command struct {
 	// leading or trailing space; empty runs the function unchecked.
 	Key string
 	// Type names the command ("transfer", "POST /orders"); it is part of
-	// the record, and the same key with another type is a reused key.
+	// the record, and the same key with another type is a reused key. It
+	// must be valid UTF-8 without NUL bytes, at most MaxCommandTypeLen
+	// bytes (ErrInvalidCommandType).
 	Type string
 	// Fingerprint optionally identifies the command's input (any bytes,
 	// such as a hash of its arguments): the same key with another
@@ -177,10 +179,13 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 	if err := checkKey(cmd.Key, "the command"); err != nil {
 		return Result{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
+	if err := checkCommandType(cmd.Type); err != nil {
+		return Result{}, err
+	}
 	// An Info of its own: ctx may carry a request's (Run called from a
 	// handler), whose outcome is the request's, not this command's.
 	ri := &Info{RequestID: InfoFrom(ctx).RequestID, Tenant: cmd.Tenant, Key: cmd.Key}
-	c := g.newAttempt(ri, cmd.Tenant, cmd.Key, commandFingerprint(cmd), commandTypeOf(cmd.Type))
+	c := g.newAttempt(ri, cmd.Tenant, cmd.Key, commandFingerprint(cmd), cmd.Type)
 	if g.tx != nil && (g.cfg.Transactional || g.tx.InTx(ctx)) {
 		var err error
 		if ctx, c.tx, err = g.tx.BeginTx(ctx); err != nil {
@@ -274,13 +279,4 @@ func commandFingerprint(cmd Command) idemproxy.Fingerprint {
 	var fp idemproxy.Fingerprint
 	h.Sum(fp[:0])
 	return fp
-}
-
-// commandTypeOf is the command type a record keeps: cmd.Type, cut as an
-// HTTP command type is.
-func commandTypeOf(t string) string {
-	if len(t) > maxCommandType {
-		return t[:maxCommandType-3] + "..."
-	}
-	return t
 }

@@ -165,6 +165,21 @@ func TestMigratePartitionedConcurrently(t *testing.T) {
 	}
 }
 
+// TestPartitionExistingScriptNeedsPsqlUnderCI: without psql on the PATH,
+// TestPartitionExistingScript fails under CI=true instead of skipping, so
+// CI never passes without running it. It runs that test in a process of
+// its own (the test binary again) with an empty PATH.
+func TestPartitionExistingScriptNeedsPsqlUnderCI(t *testing.T) {
+	pgtest.SkipIfPooled(t, "psql sets the test schema with PGOPTIONS, which a pooler refuses")
+	pgtest.URL(t) // a missing database fails or skips here, not in the child
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPartitionExistingScript$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "CI=true", "PATH="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "psql") {
+		t.Fatalf("without psql under CI=true: %v, want a failure naming psql\n%s", err, out)
+	}
+}
+
 // TestPartitionExistingScript runs scripts/partition-existing.sql, the
 // README's way to partition a table made without IDEMPROXY_DB_PARTITIONS,
 // as the database's owner under a store that is using the table as a role
@@ -176,8 +191,11 @@ func TestMigratePartitionedConcurrently(t *testing.T) {
 func TestPartitionExistingScript(t *testing.T) {
 	pgtest.SkipIfPooled(t, "psql sets the test schema with PGOPTIONS, which a pooler refuses")
 	psql, err := exec.LookPath("psql")
+	if err != nil && os.Getenv("CI") == "true" {
+		t.Fatalf("psql is required under CI=true (Debian: apt-get install postgresql-client): %v", err)
+	}
 	if err != nil {
-		t.Skip("psql is not on PATH")
+		t.Skipf("SKIPPING: psql is not on PATH (under CI=true this is a failure): %v", err)
 	}
 	dbURL := pgtest.Schema(t)
 	if _, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil); err != nil {

@@ -18,6 +18,7 @@ type Metrics struct {
 	RecordWriteFailures prometheus.Counter
 	LockLost            prometheus.Counter
 	RenewalFailures     *prometheus.CounterVec
+	LeaseOverruns       prometheus.Counter
 	RecordCacheHits     prometheus.Counter
 	BufferedBytes       prometheus.Gauge
 	// RoutesReloadFailures counts reloads of the routes file refused
@@ -63,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_lease_renewal_failures_total",
 			Help: "Renewals of the lease of a command in flight that failed, by reason: store_unavailable (tried again while the lease lasts) or lock_lost (the lock was deleted or taken over; a retry may run the command again).",
 		}, []string{"reason"}),
+		LeaseOverruns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_lease_overrun_total",
+			Help: "Renewals of the lease of a command answered only after the lease had ended (by this replica's clock): the store was away longer than IDEMPROXY_LOCK_TIMEOUT, and another attempt may have claimed the key and run the command meanwhile.",
+		}),
 		RecordCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemproxy_record_cache_hits_total",
 			Help: "Replays answered from this replica's cache of succeeded records, without a store round trip.",
@@ -100,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RenewalFailures,
-			m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures, m.UnknownOutcomes, m.DetachedCalls, m.Waiters)
+			m.LeaseOverruns, m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures, m.UnknownOutcomes, m.DetachedCalls, m.Waiters)
 	}
 	return m
 }
@@ -130,6 +135,9 @@ func (m *Metrics) CountRenewalFailure(lost bool) {
 	}
 	m.RenewalFailures.WithLabelValues(reason).Inc()
 }
+
+// CountLeaseOverrun counts idemproxy_lease_overrun_total.
+func (m *Metrics) CountLeaseOverrun() { m.LeaseOverruns.Inc() }
 
 // AddBuffered moves idemproxy_buffered_bytes by delta.
 func (m *Metrics) AddBuffered(delta int64) { m.BufferedBytes.Add(float64(delta)) }

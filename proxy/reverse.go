@@ -84,6 +84,18 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 			h[name] = v
 		}
 	}
+	// net/http's Transport resends a request carrying an Idempotency-Key
+	// or X-Idempotency-Key header when a reused connection fails before
+	// the first response byte (Request.isReplayable), and the upstream may
+	// then run it twice — checked or not. The headers go out under a
+	// non-canonical map key, which the wire format treats the same (field
+	// names are case-insensitive) but the Transport does not recognise.
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := h[name]; ok {
+			delete(h, name)
+			h[lowerASCII(name)] = v
+		}
+	}
 	// Only idemproxy may tell the upstream which command this is.
 	h.Del("Idempotency-Command-Id")
 	cmd := idempotency.AttemptFrom(pr.Out.Context())
@@ -91,18 +103,6 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		return
 	}
 	h.Set("Idempotency-Command-Id", cmd.CommandID().String())
-	// net/http's Transport resends a request carrying an Idempotency-Key
-	// header when a reused connection fails before the first response
-	// byte (Request.isReplayable), and the upstream may then run it twice.
-	// The header goes out under a non-canonical map key, which the wire
-	// format treats the same (field names are case-insensitive) but the
-	// Transport does not recognise.
-	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
-		if v, ok := h[name]; ok {
-			delete(h, name)
-			h[lowerASCII(name)] = v
-		}
-	}
 }
 
 func lowerASCII(s string) string {

@@ -53,11 +53,7 @@ func (t *routeTable) match(r *http.Request) *routeEntry {
 	}
 	rctx := routeContexts.Get().(*chi.Context)
 	rctx.Reset()
-	path := r.URL.RawPath
-	if path == "" {
-		path = r.URL.Path
-	}
-	pattern := t.mux.Find(rctx, method, path)
+	pattern := t.mux.Find(rctx, method, idempotency.NormalPath(r.URL))
 	routeContexts.Put(rctx)
 	if pattern == "" {
 		return nil

@@ -21,7 +21,8 @@
 # Nothing else is changed from PgBouncer's defaults but max_client_conn,
 # raised for the tests' many pools. idemproxy reaches it with
 # default_query_exec_mode=exec in IDEMPROXY_DATABASE_URL, as url prints:
-#   postgres://postgres@127.0.0.1:6432/test?sslmode=disable&default_query_exec_mode=exec
+#   postgres://postgres@127.0.0.1:6432/idemproxy_test?sslmode=disable&default_query_exec_mode=exec
+# (the tests' default database; PGBOUNCER_DB names another).
 set -euo pipefail
 
 dir=${PGBOUNCER_DIR:-/tmp/idemproxy-pgbouncer}
@@ -121,7 +122,7 @@ EOF
   echo "pgbouncer $("$bin" --version | head -1) on 127.0.0.1:$port, transaction pooling, $pool server connections per database"
   ;;
 url)
-  echo "postgres://postgres@127.0.0.1:$(port_of)/test?sslmode=disable&default_query_exec_mode=exec"
+  echo "postgres://postgres@127.0.0.1:$(port_of)/${PGBOUNCER_DB:-idemproxy_test}?sslmode=disable&default_query_exec_mode=exec"
   ;;
 pools)
   psql -h 127.0.0.1 -p "$(port_of)" -U postgres -d pgbouncer -c 'SHOW POOLS'

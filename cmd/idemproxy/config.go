@@ -230,10 +230,61 @@ var parsers = map[reflect.Type]env.ParserFunc{
 func loadConfig(environ []string) (Config, error) {
 	vars := environMap(environ)
 	cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: vars, FuncMap: parsers})
-	if err != nil {
-		return Config{}, explainEnvError(err, vars)
+	if err == nil {
+		return cfg, inOrder(tell(cfg.check()))
 	}
-	return cfg, tell(cfg.check())
+	unread, names := explainEnvErrors(err, vars)
+	// The rest is checked too, with each unreadable value at its default;
+	// what that check says of an unreadable variable is left out (its
+	// value is not known).
+	rest := maps.Clone(vars)
+	for name := range names {
+		delete(rest, name)
+	}
+	errs := unread
+	if cfg, err := env.ParseAsWithOptions[Config](env.Options{Environment: rest, FuncMap: parsers}); err == nil {
+		for _, e := range flatten([]error{tell(cfg.check())}) {
+			if !namesAny(e.Error(), names) {
+				errs = append(errs, e)
+			}
+		}
+	}
+	return Config{}, inOrder(errors.Join(errs...))
+}
+
+// namesAny reports whether msg names one of the variables in names.
+func namesAny(msg string, names map[string]bool) bool {
+	return slices.ContainsFunc(upperWords(msg), func(w string) bool { return names[w] })
+}
+
+// upperWords are the words of msg made of capitals, digits and
+// underscores, as variable names are, in order.
+func upperWords(msg string) []string {
+	return strings.FieldsFunc(msg, func(r rune) bool { return r != '_' && (r < 'A' || r > 'Z') && (r < '0' || r > '9') })
+}
+
+// inOrder puts the errors err joins in the order of the variables each
+// names first (Config's order, the reference's), one per line; an error
+// that names none goes last.
+func inOrder(err error) error {
+	errs := flatten([]error{err})
+	if len(errs) < 2 {
+		return err
+	}
+	rank := map[string]int{}
+	for i, v := range variables() {
+		rank[v.name] = i
+	}
+	first := func(e error) int {
+		for _, w := range upperWords(e.Error()) {
+			if i, ok := rank[w]; ok {
+				return i
+			}
+		}
+		return len(rank)
+	}
+	slices.SortStableFunc(errs, func(a, b error) int { return first(a) - first(b) })
+	return errors.Join(errs...)
 }
 
 // environMap turns "NAME=value" entries into a map; the last of a name wins.
@@ -252,42 +303,51 @@ func environMap(environ []string) map[string]string {
 // (never a string variable's, which could be a secret: only numbers,
 // durations, booleans and enumerated lists fail to parse).
 func explainEnvError(err error, environ map[string]string) error {
+	errs, _ := explainEnvErrors(err, environ)
+	return inOrder(errors.Join(errs...))
+}
+
+// explainEnvErrors is explainEnvError's list, one error per variable, and
+// the names of the variables that could not be read.
+func explainEnvErrors(err error, environ map[string]string) ([]error, map[string]bool) {
 	var agg env.AggregateError
 	if !errors.As(err, &agg) {
-		return err
+		return []error{err}, nil
 	}
 	byField := map[string]string{}
 	for _, v := range variables() {
 		byField[v.field] = v.name
 	}
-	var msgs []string
+	var errs []error
+	names := map[string]bool{}
 	for _, e := range agg.Errors {
 		var pe env.ParseError
 		if !errors.As(e, &pe) {
-			msgs = append(msgs, e.Error())
+			errs = append(errs, e)
 			continue
 		}
 		name := byField[pe.Name]
+		names[name] = true
 		got := strings.TrimSpace(environ[name])
 		var b *badValue
 		switch kind := pe.Type; {
 		case errors.As(pe.Err, &b):
-			msgs = append(msgs, b.Error())
+			errs = append(errs, b)
 		case kind == reflect.TypeFor[time.Duration]():
 			if _, nerr := strconv.ParseFloat(got, 64); nerr == nil {
-				msgs = append(msgs, fmt.Sprintf("%s=%s needs a unit, e.g. %ss (or ms, m, h)", name, got, got))
+				errs = append(errs, fmt.Errorf("%s=%s needs a unit, e.g. %ss (or ms, m, h)", name, got, got))
 			} else {
-				msgs = append(msgs, fmt.Sprintf("%s must be a duration such as 30s, 500ms, 5m or 1h30m, got %q", name, got))
+				errs = append(errs, refuse(name, "must be a duration such as 30s, 500ms, 5m or 1h30m, got %q", got))
 			}
 		case kind.Kind() == reflect.Bool:
-			msgs = append(msgs, fmt.Sprintf("%s must be true or false, got %q", name, got))
+			errs = append(errs, refuse(name, "must be true or false, got %q", got))
 		case kind.Kind() >= reflect.Int && kind.Kind() <= reflect.Uint64:
-			msgs = append(msgs, fmt.Sprintf("%s must be a whole number, got %q", name, got))
+			errs = append(errs, refuse(name, "must be a whole number, got %q", got))
 		default:
-			msgs = append(msgs, fmt.Sprintf("%s cannot be read as %s: %v", name, kind, pe.Err))
+			errs = append(errs, refuse(name, "cannot be read as %s: %v", kind, pe.Err))
 		}
 	}
-	return errors.New(strings.Join(msgs, "; "))
+	return errs, names
 }
 
 // check refuses what the command owns (listeners, numbers, the admin

@@ -250,3 +250,48 @@ func TestConfigCitusRefusesPartitions(t *testing.T) {
 		t.Errorf("IDEMPROXY_DB_CITUS=true alone: %v", err)
 	}
 }
+
+// TestConfigNamesEveryBadVariable: every bad variable is named in one run,
+// values that cannot be read and values out of range alike, each once, in
+// the order of the configuration reference (Config's), whatever the order
+// of the environment.
+func TestConfigNamesEveryBadVariable(t *testing.T) {
+	bad := map[string]string{
+		"IDEMPROXY_MODE":           "loud",
+		"IDEMPROXY_MIGRATE":        "perhaps",
+		"IDEMPROXY_DB_MAX_CONNS":   "0",
+		"IDEMPROXY_KEY_TTL":        "abc",
+		"IDEMPROXY_LOCK_TIMEOUT":   "soon",
+		"IDEMPROXY_MAX_BODY_BYTES": "-1",
+		"IDEMPROXY_ADMIN_TOKEN":    "short",
+	}
+	var want []string
+	for _, v := range variables() {
+		if _, ok := bad[v.name]; ok {
+			want = append(want, v.name)
+		}
+	}
+	var first string
+	for i := range 5 {
+		environ := mapEnv(withVars(upstreamOnly, bad)) // map order: a new order each time
+		_, err := loadConfig(environ)
+		if err == nil {
+			t.Fatal("bad variables accepted")
+		}
+		msg := err.Error()
+		if i == 0 {
+			first = msg
+		} else if msg != first {
+			t.Fatalf("another order:\n%s\nthen\n%s", first, msg)
+		}
+		var named []string
+		for line := range strings.Lines(msg) {
+			name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+			name, _, _ = strings.Cut(name, "=")
+			named = append(named, name)
+		}
+		if strings.Join(named, ",") != strings.Join(want, ",") {
+			t.Fatalf("named, one per line:\n%s\nwant %s", msg, strings.Join(want, ", "))
+		}
+	}
+}

@@ -158,7 +158,7 @@ func runDemoUpstream(ctx context.Context, getenv func(string) string, stdout io.
 // IDEMPROXY_TENANT_SOURCE says otherwise it is single-tenant: the tenant
 // is the X-Tenant-ID header when sent, else demoTenant (or
 // IDEMPROXY_TENANT_STATIC), so a request needs only its Idempotency-Key.
-func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
+func runDemo(ctx context.Context, environ []string, stdout io.Writer, hup *hangups) error {
 	vars := environMap(environ)
 	upstream := vars["IDEMPROXY_UPSTREAM_URL"]
 	errc := make(chan error, 1)
@@ -207,7 +207,7 @@ func runDemo(ctx context.Context, environ []string, stdout io.Writer) error {
 	}
 	slog.New(slog.NewJSONHandler(stdout, nil)).Info("demo: proxy in front of the demo orders service",
 		"orders", upstream, "tenant_source", strings.Join(cfg.TenantSource, ","), "try", try+` -d '{"item":"book"}'`)
-	err = serve(ctx, cfg, stdout)
+	err = serve(ctx, cfg, stdout, hup)
 	cancel()
 	if uerr := <-errc; err == nil {
 		err = uerr

@@ -42,9 +42,12 @@ import (
 var version = ""
 
 func main() {
+	// First of all: SIGHUP must never end the process, not even while it
+	// reads its configuration or connects to its store.
+	hup := catchHangups(slog.New(slog.NewJSONHandler(os.Stdout, nil)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
+	if err := runWith(ctx, hup, os.Args, os.Environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "idemproxy:", err)
 		os.Exit(1)
 	}
@@ -52,8 +55,14 @@ func main() {
 
 // run is the whole program: it returns when ctx ends (after a graceful
 // shutdown) or on the first fatal error. environ is the environment as
-// "NAME=value" entries.
+// "NAME=value" entries. A serving run catches SIGHUP itself.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	return runWith(ctx, nil, args, environ, stdout, stderr)
+}
+
+// runWith is run with the SIGHUP catcher main started; nil means that
+// serving starts its own.
+func runWith(ctx context.Context, hup *hangups, args, environ []string, stdout, stderr io.Writer) error {
 	vars := environMap(environ)
 	getenv := func(name string) string { return vars[name] }
 	cmd := ""
@@ -67,7 +76,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("configuration: %w", err)
 		}
 		logWarnings(cfg, configWarnings(environ, cfg), stdout)
-		return serve(ctx, cfg, stdout)
+		return serve(ctx, cfg, stdout, hup)
 	case "config":
 		return runConfig(environ, stdout, stderr)
 	case "demo":
@@ -76,7 +85,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 		} else if len(args) > 2 {
 			return errors.New("usage: idemproxy demo [-routes FILE]")
 		}
-		return runDemo(ctx, environ, stdout)
+		return runDemo(ctx, environ, stdout, hup)
 	case "demo-upstream":
 		return runDemoUpstream(ctx, getenv, stdout)
 	case "migrate":
@@ -183,9 +192,15 @@ func newLogger(cfg Config, w io.Writer) *slog.Logger {
 
 // serve runs the proxy and admin listeners until ctx ends, then drains:
 // readiness turns false, no new connections are accepted, and in-flight
-// commands finish and record before the store is closed.
-func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
+// commands finish and record before the store is closed. SIGHUP reloads
+// what hup lists (nil: serve catches SIGHUP itself while it runs).
+func serve(ctx context.Context, cfg Config, stdout io.Writer, hup *hangups) error {
 	log := newLogger(cfg, stdout)
+	if hup == nil {
+		hup = catchHangups(log)
+		defer hup.Stop()
+	}
+	hup.SetLogger(log)
 	st, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -233,6 +248,9 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		return fmt.Errorf("configuration: %w", explain(err))
 	}
 	defer p.Close()
+	if cfg.RoutesFile != "" {
+		hup.Add(routesReloader(cfg.RoutesFile, p, metrics))
+	}
 	var draining atomic.Bool
 	admin, err := proxy.NewAdmin(proxy.AdminConfig{
 		Store: st, Gatherer: reg, Draining: &draining, Token: cfg.AdminToken, Logger: log, Routes: p.RoutesInForce,
@@ -257,17 +275,8 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 		proxyLn.Close()
 		return fmt.Errorf("IDEMPROXY_ADMIN_ADDR: %w", err)
 	}
-	var reloads []func()
-	if cfg.RoutesFile != "" {
-		reloads = append(reloads, func() { reloadRoutes(cfg, p, metrics, log) })
-	}
 	if certs != nil {
-		reloads = append(reloads, func() { reloadCertificates(certs, log) })
-	}
-	if len(reloads) > 0 {
-		hup, stopHangup := notifyHangup()
-		defer stopHangup()
-		go onHangup(ctx, hup, reloads)
+		hup.Add(certificatesReloader(certs))
 	}
 	proxySrv, adminSrv := cfg.server(p, log), cfg.server(admin, log)
 	proxySrv.IdleTimeout = 120 * time.Second
@@ -282,6 +291,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer) error {
 	go func() { errc <- proxySrv.Serve(servedLn) }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
+	hup.Started("neither IDEMPROXY_ROUTES_FILE nor the TLS files are set")
 	log.Info("listening", "proxy", proxyLn.Addr().String(), "scheme", scheme, "admin", adminLn.Addr().String(),
 		"upstream", pc.Upstream.Redacted(), "store", cfg.Store, "mode", cfg.Mode, "routes", len(p.RoutesInForce().Routes),
 		"version", versionString())

@@ -101,7 +101,8 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (idemproxy.
 	opts := cfg.postgresOptions(log)
 	opts.ObserveBatch = func(op string, n int) { s.batchSize.WithLabelValues(op).Observe(float64(n)) }
 	opts.ObserveQueue = func(op string, d time.Duration) { s.queueDelay.WithLabelValues(op).Observe(d.Seconds()) }
-	pg, err := postgres.New(ctx, opts)
+	// The store outlives ctx: it serves the drain after ctx ends.
+	pg, err := postgres.New(context.WithoutCancel(ctx), opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration: %w", explain(err))
 	}

@@ -1,16 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/caarlos0/env/v11"
@@ -96,49 +91,29 @@ func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 	tw.Flush()
 }
 
-// notifyHangup relays SIGHUP to the channel it returns, until stop.
-func notifyHangup() (<-chan os.Signal, func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	return hup, func() { signal.Stop(hup) }
-}
-
-// onHangup runs every reload on each SIGHUP until ctx ends.
-func onHangup(ctx context.Context, hup <-chan os.Signal, reloads []func()) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
+// routesReloader re-reads the routes file on SIGHUP: a valid file
+// replaces the policy for new requests; an invalid one is counted, and the
+// policy in force stays.
+func routesReloader(file string, p *proxy.Proxy, metrics *proxy.Metrics) reloader {
+	return reloader{what: "routes file", reload: func() ([]any, error) {
+		if err := p.ReloadRoutes(file); err != nil {
+			metrics.RoutesReloadFailures.Inc()
+			return []any{"file", file}, routesError(err)
 		}
-		for _, reload := range reloads {
-			reload()
+		return []any{"file", file, "routes", len(p.RoutesInForce().Routes)}, nil
+	}}
+}
+
+// certificatesReloader re-reads the proxy listener's TLS files on SIGHUP:
+// new handshakes get them, open connections keep theirs; files that cannot
+// be used are logged, and the certificate in force stays.
+func certificatesReloader(certs *proxy.Certificates) reloader {
+	return reloader{what: "TLS certificates", reload: func() ([]any, error) {
+		err := certs.Reload()
+		attrs := []any{"certificate", certs.Leaf().Subject.String(), "not_after", certs.Leaf().NotAfter.UTC()}
+		if err != nil {
+			return attrs, explain(err)
 		}
-	}
-}
-
-// reloadRoutes re-reads the routes file: a valid file replaces the policy
-// for new requests, an invalid one is logged with its lines and counted,
-// and the policy in force stays.
-func reloadRoutes(cfg Config, p *proxy.Proxy, metrics *proxy.Metrics, log *slog.Logger) {
-	err := p.ReloadRoutes(cfg.RoutesFile)
-	if err != nil {
-		metrics.RoutesReloadFailures.Inc()
-		log.Error("routes file not reloaded: the policy in force stays", "file", cfg.RoutesFile,
-			"error", routesError(err).Error())
-		return
-	}
-	log.Info("routes file reloaded", "file", cfg.RoutesFile, "routes", len(p.RoutesInForce().Routes))
-}
-
-// reloadCertificates re-reads the proxy listener's TLS files: new
-// handshakes get them, open connections keep theirs; files that cannot be
-// used are logged, and the certificate in force stays.
-func reloadCertificates(certs *proxy.Certificates, log *slog.Logger) {
-	if err := certs.Reload(); err != nil {
-		log.Error("TLS certificates not reloaded: the certificate in force stays", "error", explain(err).Error(),
-			"certificate", certs.Leaf().Subject.String(), "not_after", certs.Leaf().NotAfter.UTC())
-		return
-	}
-	log.Info("TLS certificates reloaded", "certificate", certs.Leaf().Subject.String(), "not_after", certs.Leaf().NotAfter.UTC())
+		return attrs, nil
+	}}
 }

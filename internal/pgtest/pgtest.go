@@ -1,8 +1,9 @@
 // Package pgtest finds the Postgres that tests run against and prepares it
 // once per test binary: the store's tests, the migrations', the proxy's,
 // the commands' and the fault suite's. Without a database a test is
-// skipped loudly on a developer's machine and fails under CI=true: a
-// missing database never passes as a skip in CI.
+// skipped on a developer's machine, with a SKIPPING message (go test shows
+// it with -v), and fails under CI=true: a missing database never passes as
+// a skip in CI. A database the server lacks is created.
 //
 // Three variables change the database the same tests run on, for the
 // passes .ci/run makes: TEST_DB_PARTITIONS=N migrates every test schema
@@ -36,11 +37,14 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 	"github.com/idemproxy/idemproxy/migrations"
 )
 
-// DefaultURL is used when TEST_DATABASE_URL is unset.
-const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+// DefaultURL is used when TEST_DATABASE_URL is unset: a database of the
+// project's own name, created when missing, never one another program
+// may use.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/idemproxy_test?sslmode=disable"
 
 var (
 	once  sync.Once
@@ -49,13 +53,17 @@ var (
 )
 
 // URL returns the migrated test database's URL, or skips (fails under
-// CI=true) the test when there is none.
+// CI=true) the test when there is none. A database the server does not
+// have yet is created first.
 func URL(t testing.TB) string {
 	t.Helper()
 	once.Do(func() {
 		dbURL = cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL)
+		dbErr = createMissing(dbURL)
 		var n int
-		if n, dbErr = partitions(); dbErr == nil {
+		if dbErr != nil {
+			dbErr = pgerr.Failure("create the test database", dbErr)
+		} else if n, dbErr = partitions(); dbErr == nil {
 			_, dbErr = migrations.Migrate(context.Background(), dbURL, migrations.Up, nil,
 				migrations.Partitions(n), migrations.Citus(Citus()))
 		}
@@ -69,6 +77,39 @@ func URL(t testing.TB) string {
 	t.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL (default %s): %v; "+
 		"start one to run this test (under CI=true this is a failure)", DefaultURL, dbErr)
 	return ""
+}
+
+// createMissing creates the database dbURL names when the server has no
+// such database, connecting to its postgres database to do so. It returns
+// the error of the first connection otherwise (nil when it worked).
+func createMissing(dbURL string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return err
+	}
+	cfg, perr := pgx.ParseConfig(dbURL)
+	if perr != nil {
+		return perr
+	}
+	name := cfg.Database
+	cfg.Database = "postgres"
+	admin, aerr := pgx.ConnectConfig(ctx, cfg)
+	if aerr != nil {
+		return fmt.Errorf("%w; and connecting to the postgres database to create it: %w", err, aerr)
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	// Another test binary may have created it meanwhile.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") { // duplicate_database, unique_violation
+		return nil
+	}
+	return err
 }
 
 // Partitions is TEST_DB_PARTITIONS: how many hash partitions the test

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -97,21 +99,28 @@ func newBatchers(p *Store, opts Options) *pgBatchers {
 	b := &pgBatchers{
 		claims: &batcher[idemproxy.Claim, idemproxy.ClaimResult]{
 			op: "claim", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
-			run: p.runClaims, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+			run: p.runClaims, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue, onPanic: p.logPanic,
 		},
 		completes: &batcher[completeArgs, struct{}]{
 			op: "complete", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
-			run: p.runCompletes, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+			run: p.runCompletes, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue, onPanic: p.logPanic,
 		},
 		releases: &batcher[releaseArgs, struct{}]{
 			op: "release", maxSize: opts.MaxBatch, maxInFlight: opts.BatchesInFlight,
-			run: p.runReleases, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue,
+			run: p.runReleases, onBatch: opts.ObserveBatch, onQueued: opts.ObserveQueue, onPanic: p.logPanic,
 		},
 	}
 	if opts.Citus {
 		b.citusClaims = make([]atomic.Pointer[string], opts.MaxBatch+1)
 	}
 	return b
+}
+
+// logPanic logs a panic in a batch, with the stack it unwound: the
+// batch's callers were answered with an error and the store goes on.
+func (p *Store) logPanic(op string, v any) {
+	p.log.Error("postgres: a batched statement panicked; its callers got an error and the batcher goes on",
+		"op", op, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 }
 
 // Every operation of a batch is of one tenant: the batch is sorted by

@@ -42,6 +42,17 @@ func (o *batchOp[Req, Res]) finish(res Res, err error) bool {
 	return waiting
 }
 
+// answered reports whether finish was called. Only the runner that sent
+// the operation calls finish, so only it may ask.
+func (o *batchOp[Req, Res]) answered() bool {
+	select {
+	case <-o.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // abandoned reports whether the caller gave up waiting.
 func (o *batchOp[Req, Res]) abandoned() bool { return o.state.Load() == opAbandoned }
 
@@ -74,6 +85,8 @@ type batcher[Req, Res any] struct {
 	// every operation's wait in the queue.
 	onBatch  func(op string, size int)
 	onQueued func(op string, wait time.Duration)
+	// onPanic, when not nil, sees the value of every panic in run.
+	onPanic func(op string, v any)
 
 	mu sync.Mutex
 	// lanes holds the tenants with operations queued or batches in
@@ -112,7 +125,7 @@ func (b *batcher[Req, Res]) do(ctx context.Context, timeout time.Duration, tenan
 	}
 	if len(batch) > 0 && ctx.Done() == nil {
 		b.observe(batch)
-		b.run(batch)
+		b.send(batch)
 		if next := b.next(tenant, lane); len(next) > 0 {
 			go b.drain(tenant, lane, next)
 		}
@@ -193,9 +206,34 @@ func (b *batcher[Req, Res]) start(tenant uuid.UUID, lane *batchLane[Req, Res]) [
 func (b *batcher[Req, Res]) drain(tenant uuid.UUID, lane *batchLane[Req, Res], batch []*batchOp[Req, Res]) {
 	for len(batch) > 0 {
 		b.observe(batch)
-		b.run(batch)
+		b.send(batch)
 		batch = b.next(tenant, lane)
 	}
+}
+
+// send runs one batch. A panic in run neither leaves the batch's callers
+// waiting nor holds its tenant's lane: every operation run had not
+// answered is answered with an error naming the panic
+// (idemproxy.ErrUnavailable: the step fails closed), onPanic sees it,
+// and the lane goes on with its next batch.
+func (b *batcher[Req, Res]) send(batch []*batchOp[Req, Res]) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		if b.onPanic != nil {
+			b.onPanic(b.op, v)
+		}
+		err := fmt.Errorf("%w: postgres %s: the batched statement failed: panic: %v", idemproxy.ErrUnavailable, b.op, v)
+		var zero Res
+		for _, o := range batch {
+			if !o.answered() {
+				o.finish(zero, err)
+			}
+		}
+	}()
+	b.run(batch)
 }
 
 // next takes the lane's next batch for a runner that finished one, or

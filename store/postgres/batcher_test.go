@@ -2,14 +2,18 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy"
 )
 
 // TestBatcherAnswersEveryCallerItsOwn drives the batcher alone (no
@@ -187,5 +191,131 @@ func TestBatcherCallersReadyTogetherGoTogether(t *testing.T) {
 				t.Errorf("%d callers ready together went in %d batches %v, want 1 or 2", callers, len(sizes), sizes)
 			}
 		})
+	}
+}
+
+// TestBatcherSurvivesAPanic: a batch whose run panics answers every
+// caller it had not answered yet with an error (idemproxy.ErrUnavailable,
+// naming the panic), frees its tenant's lane, and the next operation of
+// that tenant runs at once — whether the batch ran on a goroutine of its
+// own (queued behind another batch) or on the goroutine of the caller
+// that started it (a context that cannot end).
+func TestBatcherSurvivesAPanic(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		panics []any
+	)
+	b := &batcher[testReq, string]{op: "claim", maxSize: 8, maxInFlight: 1}
+	b.onPanic = func(op string, v any) {
+		mu.Lock()
+		panics = append(panics, v)
+		mu.Unlock()
+	}
+	release, entered := make(chan struct{}), make(chan struct{})
+	b.run = func(ops []*batchOp[testReq, string]) {
+		switch n := ops[0].req.n; {
+		case n == 0: // holds the lane while the others queue
+			close(entered)
+			<-release
+		case n <= 4: // the queued batch: answers one, then panics
+			ops[0].finish("answered before the panic", nil)
+			panic("boom")
+		case n == 100: // a caller's own batch
+			panic("bang")
+		}
+		for _, o := range ops {
+			o.finish("answer", nil)
+		}
+	}
+	tenant := uuid.New()
+	type result struct {
+		res     string
+		err     error
+		escaped any
+	}
+	do := func(ctx context.Context, n int) (r result) {
+		defer func() { r.escaped = recover() }()
+		r.res, r.err = b.do(ctx, 10*time.Second, tenant, testReq{tenant: tenant, n: n})
+		return r
+	}
+	wantFailed := func(r result, panicked string) {
+		t.Helper()
+		switch {
+		case r.escaped != nil:
+			t.Errorf("the panic reached a caller: %v", r.escaped)
+		case !errors.Is(r.err, idemproxy.ErrUnavailable) || !strings.Contains(r.err.Error(), panicked):
+			t.Errorf("got %q, %v; want ErrUnavailable naming the panic %q", r.res, r.err, panicked)
+		}
+	}
+	wantLaneFree := func() {
+		t.Helper()
+		if r := do(context.Background(), 1000); r.err != nil || r.res != "answer" {
+			t.Fatalf("the tenant's next operation: %+v", r)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.lanes) != 0 {
+			t.Fatalf("%d lanes left behind", len(b.lanes))
+		}
+	}
+
+	// On a runner's goroutine: a batch of four queued behind the first.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan result, 1)
+	go func() { first <- do(ctx, 0) }()
+	<-entered
+	const queued = 4 // as run expects
+	results := make(chan result, queued)
+	for n := 1; n <= queued; n++ {
+		go func() { results <- do(ctx, n) }()
+	}
+	waitQueued(t, b, tenant, queued)
+	close(release)
+	if r := <-first; r.res != "answer" || r.err != nil || r.escaped != nil {
+		t.Fatalf("first batch: %+v", r)
+	}
+	answered := 0
+	for range queued {
+		if r := <-results; r.err == nil && r.escaped == nil {
+			answered++
+		} else {
+			wantFailed(r, "boom")
+		}
+	}
+	if answered != 1 {
+		t.Fatalf("%d of the panicking batch answered, want the one answered before the panic", answered)
+	}
+	wantLaneFree()
+
+	// On the caller's goroutine.
+	wantFailed(do(context.Background(), 100), "bang")
+	wantLaneFree()
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(panics) != 2 || panics[0] != "boom" || panics[1] != "bang" {
+		t.Fatalf("panics reported: %v", panics)
+	}
+}
+
+// waitQueued waits until n operations of tenant are queued.
+func waitQueued(t *testing.T, b *batcher[testReq, string], tenant uuid.UUID, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		got := 0
+		if l := b.lanes[tenant]; l != nil {
+			got = len(l.queue)
+		}
+		b.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d operations queued, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

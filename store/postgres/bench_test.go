@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
@@ -34,7 +35,7 @@ func parallelism32() int {
 //
 //	go test -run - -bench Postgres -benchmem ./store/
 func BenchmarkPostgres(b *testing.B) {
-	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	dbURL := cmp.Or(os.Getenv("TEST_DATABASE_URL"), pgtest.DefaultURL)
 	ctx := context.Background()
 	pg, err := postgres.New(ctx, postgres.Options{URL: dbURL})
 	if err != nil {

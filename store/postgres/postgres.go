@@ -15,11 +15,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -139,10 +139,15 @@ type Store struct {
 // It does not connect: connections are opened when first needed, so a
 // database that is down at start makes operations fail with
 // idemproxy.ErrUnavailable until it comes back, and New fails only
-// on a bad URL or option. Call Close to release the pool.
-func New(_ context.Context, opts Options) (*Store, error) {
+// on a bad URL or option, or a ctx that has ended (its error wrapped).
+// The pool's connections carry ctx's values. Call Close to release the
+// pool.
+func New(ctx context.Context, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: postgres: %w", err)
 	}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 20
@@ -170,15 +175,15 @@ func New(_ context.Context, opts Options) (*Store, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "idemproxy"
 	}
-	if !strings.Contains(opts.URL, "statement_cache_capacity") {
+	if !setsStatementCache(opts.URL) {
 		cfg.ConnConfig.StatementCacheCapacity = cacheCapacity(opts)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = opts.OpTimeout
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("store: postgres pool: %v", err)
+		return nil, fmt.Errorf("store: postgres pool: %w", err)
 	}
 	p := newStore(pool, opts)
 	p.sendsTimeout = prepares
@@ -210,6 +215,18 @@ func newStore(pool *pgxpool.Pool, opts Options) *Store {
 // deallocates them, least recently used first. Without Citus about 15
 // texts are in use at a time.
 const statementCacheCapacity = 48
+
+// setsStatementCache reports whether connString sets pgx's
+// statement_cache_capacity, read as pgx reads it: pgconn leaves the
+// parameters it does not know (pgx's own among them) in RuntimeParams.
+func setsStatementCache(connString string) bool {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return false
+	}
+	_, set := cfg.RuntimeParams["statement_cache_capacity"]
+	return set
+}
 
 // cacheCapacity is the statement cache of New's connections: on Citus
 // the batched claim has a text per batch size (citusClaimValuesSQL), all

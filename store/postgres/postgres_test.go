@@ -361,3 +361,38 @@ func (u uncancellable) Complete(ctx context.Context, c idemproxy.Completion) err
 func (u uncancellable) Release(ctx context.Context, tenant uuid.UUID, key string, owner uuid.UUID) error {
 	return u.Store.Release(context.WithoutCancel(ctx), tenant, key, owner)
 }
+
+// TestNewHonoursItsContextAndTheURL: New refuses a context that has ended
+// (an error wrapping its cause) and reads statement_cache_capacity as the
+// driver does, from the parsed connection string: set in any spelling the
+// driver reads, it is kept; merely mentioned in another value, the store's
+// own capacity applies.
+func TestNewHonoursItsContextAndTheURL(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if p, err := New(ctx, Options{URL: "postgres://127.0.0.1/x"}); !errors.Is(err, context.Canceled) {
+		if err == nil {
+			p.Close()
+		}
+		t.Errorf("an ended context: got %v, want an error wrapping context.Canceled", err)
+	}
+	for url, want := range map[string]int{
+		"postgres://127.0.0.1/x":                                                statementCacheCapacity,
+		"postgres://127.0.0.1/x?statement_cache_capacity=7":                     7,
+		"postgres://127.0.0.1/x?statement%5Fcache%5Fcapacity=9":                 9,
+		"postgres://127.0.0.1/x?application_name=statement_cache_capacity":      statementCacheCapacity,
+		"postgres://u:statement_cache_capacity@127.0.0.1/x":                     statementCacheCapacity,
+		"host=127.0.0.1 dbname=x statement_cache_capacity=11":                   11,
+		"host=127.0.0.1 dbname=x application_name='statement_cache_capacity=3'": statementCacheCapacity,
+	} {
+		p, err := New(t.Context(), Options{URL: url})
+		if err != nil {
+			t.Errorf("%s: %v", url, err)
+			continue
+		}
+		if got := p.pool.Config().ConnConfig.StatementCacheCapacity; got != want {
+			t.Errorf("%s: statement cache of %d, want %d", url, got, want)
+		}
+		p.Close()
+	}
+}

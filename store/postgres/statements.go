@@ -66,16 +66,19 @@ WHERE tenant_id = $1 AND key = $2
 // tenant, $2 key, $3 owner, $4 status, $5 response header (JSON), $6
 // response body, $7 response truncated (all three NULL without a stored
 // response) and $8 TTL in microseconds. It is exported for the same
-// benchmarks as ClaimSQL.
+// benchmarks as ClaimSQL. The record's life counts from this statement
+// (statement_timestamp), not from its transaction's start (now()): in a
+// command's transaction it is the last statement before the commit, so a
+// long transaction does not shorten its record's life.
 const CompleteSQL = `UPDATE idempotency_keys SET
 	state = 'succeeded',
 	status = $4,
 	resp_headers = $5,
 	resp_body = $6,
 	resp_truncated = $7,
-	created_at = now(),
+	created_at = statement_timestamp(),
 	lease_expires_at = NULL,
-	expires_at = now() + $8::bigint * interval '1 microsecond'
+	expires_at = statement_timestamp() + $8::bigint * interval '1 microsecond'
 WHERE tenant_id = $1 AND key = $2 AND owner_token = $3 AND state = 'in_flight'`
 
 const releaseSQL = `DELETE FROM idempotency_keys
@@ -171,7 +174,7 @@ WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
 // its join plan yields. The expiry is computed in the input, not in SET:
 // Citus refuses a STABLE function applied to a column in an UPDATE.
 const CompleteBatchSQL = `WITH input AS MATERIALIZED (
-	SELECT *, now() + in_ttl_us * interval '1 microsecond' AS in_expires_at
+	SELECT *, statement_timestamp() + in_ttl_us * interval '1 microsecond' AS in_expires_at
 	FROM unnest($2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
 		WITH ORDINALITY AS i(in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
 ), locked AS MATERIALIZED (
@@ -186,7 +189,7 @@ UPDATE idempotency_keys SET
 	resp_headers = l.in_headers::jsonb,
 	resp_body = l.in_body,
 	resp_truncated = l.in_truncated,
-	created_at = now(),
+	created_at = statement_timestamp(),
 	lease_expires_at = NULL,
 	expires_at = l.in_expires_at
 FROM locked l

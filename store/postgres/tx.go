@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
@@ -114,7 +115,8 @@ func (p *Store) BeginTx(ctx context.Context) (context.Context, idemproxy.Tx, err
 		tx  pgx.Tx
 		err error
 	)
-	if outer, ok := TxFrom(ctx); ok {
+	outer, nested := TxFrom(ctx)
+	if nested {
 		tx, err = outer.Begin(bctx) // a savepoint
 	} else {
 		tx, err = p.pool.Begin(bctx)
@@ -122,8 +124,22 @@ func (p *Store) BeginTx(ctx context.Context) (context.Context, idemproxy.Tx, err
 	if err != nil {
 		return ctx, nil, pgerr.Failure("begin", err)
 	}
-	return WithTx(ctx, tx), &commandTx{p: p, tx: tx}, nil
+	ct := &commandTx{p: p, tx: tx}
+	if nested {
+		ct.outer = outer
+	}
+	return WithTx(ctx, tx), ct, nil
 }
+
+// ErrTxEnded is the error of a command whose function ended the
+// transaction it was given — committed or rolled back the store's
+// transaction, released its savepoint, or committed the caller's
+// transaction around it — which the step alone may do. The key is left as
+// that left the command: a claim that was committed (or is still in the
+// caller's open transaction) is completed there, so a retry replays
+// instead of running the command again; a claim that was rolled back is
+// gone, and the key is free. The error's text says which.
+var ErrTxEnded = errors.New("postgres: the command's function ended its transaction itself (commit or rollback); the step commits it")
 
 // txLockSQL takes the transaction-level advisory lock of (tenant, key),
 // without waiting: it returns false when another transaction holds it.
@@ -136,6 +152,11 @@ const txLockSQL = `SELECT pg_try_advisory_xact_lock(hashtextextended('idemproxy 
 type commandTx struct {
 	p  *Store
 	tx pgx.Tx
+	// outer is the caller's transaction tx is a savepoint of, or nil.
+	outer pgx.Tx
+	// ended is set once the command's function was found to have ended
+	// tx: Commit then has nothing left to do.
+	ended bool
 }
 
 // Claim claims (c.Tenant, c.Key) inside the transaction, never waiting
@@ -182,6 +203,9 @@ func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error 
 	ctx, cancel := context.WithTimeout(ctx, t.p.opTimeout)
 	defer cancel()
 	tag, err := t.tx.Exec(ctx, t.p.sql.complete.next(1), completeParams(&a)...)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return t.completeEnded(ctx, &a)
+	}
 	if err != nil {
 		return pgerr.Failure("complete", err)
 	}
@@ -191,8 +215,37 @@ func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error 
 	return nil
 }
 
+// completeEnded completes the lock of a command whose function ended its
+// transaction (ErrTxEnded): in the caller's transaction when only the
+// savepoint ended, through the pool when the claim was committed. A claim
+// that was rolled back is found nowhere, and the key is free.
+func (t *commandTx) completeEnded(ctx context.Context, a *completeArgs) error {
+	t.ended = true
+	var (
+		tag pgconn.CommandTag
+		err = pgx.ErrTxClosed
+	)
+	if t.outer != nil {
+		tag, err = t.outer.Exec(ctx, t.p.sql.complete.next(1), completeParams(a)...)
+	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		tag, err = t.p.pool.Exec(ctx, t.p.sql.complete.next(1), completeParams(a)...)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w; the record could not be written after it either, so the key stays locked until its lease ends: %w",
+			ErrTxEnded, pgerr.Failure("complete", err))
+	case tag.RowsAffected() == 0:
+		return fmt.Errorf("%w: it was rolled back, with the claim; the key is free", ErrTxEnded)
+	}
+	return fmt.Errorf("%w: it was committed (or its savepoint released), and the record was written after it, so a retry replays", ErrTxEnded)
+}
+
 // Commit commits the transaction, or releases the savepoint.
 func (t *commandTx) Commit(ctx context.Context) error {
+	if t.ended {
+		return fmt.Errorf("%w: nothing left to commit", ErrTxEnded)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.p.opTimeout)
 	defer cancel()
 	if err := t.tx.Commit(ctx); err != nil {

@@ -457,3 +457,148 @@ func TestTxCoexistsWithSidecar(t *testing.T) {
 	}
 	e.wantEffects(t, tenant, "open", 1)
 }
+
+// TestTxRecordLivesFromItsWrite: a record written in a transaction lives
+// KeyTTL from the moment it is written (the statement that writes it, just
+// before the commit), not from the transaction's start: a long
+// transaction does not shorten its record's life. Both forms: the
+// store's own transaction and the caller's.
+func TestTxRecordLivesFromItsWrite(t *testing.T) {
+	e := newTxEnv(t, 0, idempotency.ModeNoop)
+	tenant := uuid.New()
+	// txStart reads the transaction's start, then lets time pass in it.
+	txStart := func(ctx context.Context, tx pgx.Tx) (time.Time, error) {
+		var start time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&start); err != nil {
+			return start, err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`)
+		return start, err
+	}
+	check := func(key string, start time.Time) {
+		t.Helper()
+		var created, expires time.Time
+		conn, err := e.pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if err := conn.QueryRow(t.Context(), `SELECT created_at, expires_at FROM idempotency_keys WHERE tenant_id = $1 AND key = $2`,
+			tenant, key).Scan(&created, &expires); err != nil {
+			t.Fatal(err)
+		}
+		if !created.After(start) {
+			t.Errorf("%s: created_at %s is the transaction's start %s, want the record's write", key, created, start)
+		}
+		if got, want := expires.Sub(created), e.step.Config().KeyTTL; got != want {
+			t.Errorf("%s: lives %s, want %s", key, got, want)
+		}
+	}
+
+	var start time.Time
+	if _, err := e.step.Run(t.Context(), idempotency.Command{Tenant: tenant, Key: "own", Type: "t"}, func(ctx context.Context) ([]byte, error) {
+		tx, _ := TxFrom(ctx)
+		var err error
+		start, err = txStart(ctx, tx)
+		return nil, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check("own", start)
+
+	tx, err := e.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	if start, err = txStart(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.step.Run(WithTx(t.Context(), tx), idempotency.Command{Tenant: tenant, Key: "caller's", Type: "t"}, func(ctx context.Context) ([]byte, error) {
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	check("caller's", start)
+}
+
+// TestTxEndedInsideTheFunction: a function that commits (or rolls back)
+// the transaction it was given gets an error that says so (ErrTxEnded),
+// and the key is left as the transaction left the command: committed, its
+// record is written after it, so a retry replays instead of finding the key
+// in progress and, once the lease ends, running the command again; rolled
+// back, the key is free.
+func TestTxEndedInsideTheFunction(t *testing.T) {
+	e := newTxEnv(t, 0, idempotency.ModeNoop)
+	tenant := uuid.New()
+	var runs atomic.Int64
+	// retry runs cmd again with a function that only counts.
+	retry := func(ctx context.Context, key string) (idempotency.Result, error) {
+		return e.step.Run(ctx, idempotency.Command{Tenant: tenant, Key: key, Type: "t"}, func(ctx context.Context) ([]byte, error) {
+			runs.Add(1)
+			return nil, effect(ctx, tenant, key)
+		})
+	}
+	wantReplay := func(ctx context.Context, key string) {
+		t.Helper()
+		before := runs.Load()
+		res, err := retry(ctx, key)
+		if err != nil || !res.Replayed || runs.Load() != before {
+			t.Fatalf("%s: retry got %+v, %v (ran %d times); want a replay", key, res, err, runs.Load()-before)
+		}
+		e.wantEffects(t, tenant, key, 1)
+	}
+	run := func(ctx context.Context, key string, end func(ctx context.Context) error) error {
+		_, err := e.step.Run(ctx, idempotency.Command{Tenant: tenant, Key: key, Type: "t"}, func(ctx context.Context) ([]byte, error) {
+			if err := effect(ctx, tenant, key); err != nil {
+				return nil, err
+			}
+			return nil, end(ctx)
+		})
+		return err
+	}
+	wantEnded := func(key string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrTxEnded) {
+			t.Fatalf("%s: got %v, want ErrTxEnded", key, err)
+		}
+	}
+	txOf := func(ctx context.Context) pgx.Tx { tx, _ := TxFrom(ctx); return tx }
+
+	// The store's own transaction, committed.
+	wantEnded("own-commit", run(t.Context(), "own-commit", func(ctx context.Context) error { return txOf(ctx).Commit(ctx) }))
+	wantReplay(t.Context(), "own-commit")
+
+	// Rolled back: nothing stays, the key is free.
+	wantEnded("own-rollback", run(t.Context(), "own-rollback", func(ctx context.Context) error { return txOf(ctx).Rollback(ctx) }))
+	e.wantEffects(t, tenant, "own-rollback", 0)
+	if _, err := retry(t.Context(), "own-rollback"); err != nil {
+		t.Fatalf("retry of a rolled-back command: %v", err)
+	}
+	e.wantEffects(t, tenant, "own-rollback", 1)
+
+	// The caller's transaction, committed by the function.
+	outer, err := e.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outer.Rollback(t.Context())
+	wantEnded("outer-commit", run(WithTx(t.Context(), outer), "outer-commit", func(ctx context.Context) error { return outer.Commit(ctx) }))
+	wantReplay(t.Context(), "outer-commit")
+
+	// The savepoint released by the function: the caller's transaction
+	// goes on, with the record in it.
+	outer, err = e.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outer.Rollback(t.Context())
+	wantEnded("savepoint", run(WithTx(t.Context(), outer), "savepoint", func(ctx context.Context) error { return txOf(ctx).Commit(ctx) }))
+	if err := outer.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	wantReplay(t.Context(), "savepoint")
+}

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,6 +86,42 @@ func testCommandUnkeyedAndTenant(t *testing.T, h Harness) {
 			t.Fatalf("a key with a tab: %v, want ErrInvalidKey", err)
 		}
 		wantRuns(t, runs, 2)
+	})
+}
+
+// testCommandType: a command type that is not valid UTF-8, holds a NUL
+// byte or is longer than MaxCommandTypeLen bytes is refused the same way on
+// every store, with ErrInvalidCommandType, before anything runs or is
+// stored; the longest valid one, in any script, is kept whole.
+func testCommandType(t *testing.T, h Harness) {
+	eachCommandForm(t, h, func(t *testing.T, tx bool) {
+		g := commandStep(t, h, idempotency.ModeStrict, tx, 3*time.Second)
+		tenant := uuid.New()
+		fn, runs := counted("x")
+		long := strings.Repeat("é", idempotency.MaxCommandTypeLen/2)
+		for name, typ := range map[string]string{
+			"invalid UTF-8": "transfer\xff",
+			"a NUL byte":    "trans\x00fer",
+			"too long":      long + "x",
+		} {
+			_, err := g.Run(t.Context(), idempotency.Command{Tenant: tenant, Key: "type-" + strings.ReplaceAll(name, " ", "-"), Type: typ}, fn)
+			if !errors.Is(err, idempotency.ErrInvalidCommandType) || errors.Is(err, idemproxy.ErrUnavailable) {
+				t.Errorf("%s: got %v, want ErrInvalidCommandType", name, err)
+			}
+		}
+		wantRuns(t, runs, 0)
+		if _, err := h.Store.Lookup(t.Context(), tenant, "type-too-long"); !errors.Is(err, idemproxy.ErrNotFound) {
+			t.Fatalf("a refused command left an entry: %v", err)
+		}
+		if _, err := g.Run(t.Context(), idempotency.Command{Tenant: tenant, Key: "type-longest", Type: long}, fn); err != nil {
+			t.Fatalf("the longest valid type: %v", err)
+		}
+		_, err := g.Run(t.Context(), idempotency.Command{Tenant: tenant, Key: "type-longest", Type: long}, fn)
+		var replay *idempotency.ReplayError
+		if !errors.As(err, &replay) || replay.Type != long {
+			t.Fatalf("replay of the longest valid type: %v; want its type kept whole", err)
+		}
+		wantRuns(t, runs, 1)
 	})
 }
 

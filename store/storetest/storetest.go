@@ -143,6 +143,7 @@ var suite = []struct {
 	{"list shows no entry twice while entries change", testListChanging},
 	{"list limits", testListLimits},
 	{"commands: without a key, without a tenant", testCommandUnkeyedAndTenant},
+	{"commands: a command type that no store can keep is refused", testCommandType},
 	{"commands: a recorded key in every mode, a reused key", testCommandModes},
 	{"commands: a failure or panic frees the key", testCommandFailureFreesKey},
 	{"commands: with the wait off, a duplicate in flight gets ErrInProgress at once, past a lease", testCommandInProgress},
