@@ -295,10 +295,19 @@ func newEnv(t *testing.T, opts ...option) *env {
 	e.srv = httptest.NewServer(p)
 	t.Cleanup(func() {
 		e.srv.Close()
+		drain(p)
 		p.Close()
 		http.DefaultClient.CloseIdleConnections()
 	})
 	return e
+}
+
+// drain ends p's detached upstream calls, as a shutdown does: those still
+// on after a moment are cancelled and settled.
+func drain(p *proxy.Proxy) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = p.Drain(ctx)
 }
 
 type req struct {

@@ -356,3 +356,38 @@ func TestRetryHints(t *testing.T) {
 		t.Errorf("hints off: %q on a strict replay", got)
 	}
 }
+
+// TestDrainDetachedCalls: a shutdown waits for the detached upstream calls
+// and settles them: one that answers within the budget is recorded, one
+// still on at its end is cancelled and its key held.
+func TestDrainDetachedCalls(t *testing.T) { forEachStore(t, testDrainDetachedCalls) }
+
+func testDrainDetachedCalls(t *testing.T, st option) {
+	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
+	gates := map[string]chan struct{}{"answers": make(chan struct{}), "hangs": make(chan struct{})}
+	entered := make(chan struct{}, 2)
+	e.up.set(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-gates[r.Header.Get("Idempotency-Key")]
+		w.WriteHeader(http.StatusCreated)
+	})
+	defer close(gates["hangs"])
+	for _, k := range []string{"answers", "hangs"} {
+		wantProblem(t, e.do(req{key: k}), http.StatusGatewayTimeout, "upstream-timeout")
+		<-entered
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	drained := make(chan error, 1)
+	go func() { drained <- e.proxy.Drain(ctx) }()
+	close(gates["answers"])
+	if err := <-drained; err == nil {
+		t.Fatal("Drain returned nil with a call still on at the end of its budget")
+	}
+	if n := testutil.ToFloat64(e.metrics.DetachedCalls); n != 0 {
+		t.Fatalf("detached calls after the drain: %v, want 0", n)
+	}
+	e.wantReplay(e.do(req{key: "answers"}), idempotency.ModeNoop, http.StatusCreated)
+	wantProblem(t, e.do(req{key: "hangs"}), http.StatusConflict, "outcome-unknown")
+	e.wantCalls(2)
+}

@@ -34,6 +34,7 @@ func replica(t *testing.T, up *upstream, st idemproxy.Store, adjust ...func(*ide
 	srv := httptest.NewServer(p)
 	t.Cleanup(func() {
 		srv.Close()
+		drain(p)
 		p.Close()
 		http.DefaultClient.CloseIdleConnections()
 	})

@@ -132,7 +132,7 @@ func TestHangupWithoutRoutesFile(t *testing.T) {
 	m := startMain(t, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL})
 	admin := m.listening(t)
 	m.hangUps(t, 50)
-	m.waitLog(t, "SIGHUP: nothing to reload: IDEMPROXY_ROUTES_FILE is not set", "")
+	m.waitLog(t, "SIGHUP: nothing to reload: neither IDEMPROXY_ROUTES_FILE nor the TLS files are set", "")
 	m.hangUps(t, 50)
 	resp, err := http.Get(admin + "/healthz")
 	if err != nil {
