@@ -344,7 +344,15 @@ func (c *Attempt) End() {
 // upstream call goes on, within CommandTimeout. End, which the request's
 // mounting defers, then leaves it running; the caller settles it when
 // the call ends (SettleResponse, NotSent or Unknown), and calls Finish.
-func (c *Attempt) Detach() { c.detached.Store(true) }
+func (c *Attempt) Detach() {
+	// The request's Info is its access log's from now on: the attempt
+	// goes on with a copy of its own.
+	c.mu.Lock()
+	info := *c.info
+	c.info = &info
+	c.mu.Unlock()
+	c.detached.Store(true)
+}
 
 // Finish ends a detached attempt, as End ends one that is not.
 func (c *Attempt) Finish() { c.end() }
