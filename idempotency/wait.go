@@ -202,29 +202,15 @@ func (c *Attempt) waitOutcome(client, claimCtx context.Context, e idemproxy.Entr
 	deadline := time.Now().Add(g.cfg.InFlightWait)
 	timer := time.NewTimer(g.cfg.InFlightWait)
 	defer timer.Stop()
-	for {
+	for first := true; ; first = false {
 		// The waiter watches before it looks again, so that no
-		// settlement falls between the two unseen.
+		// settlement falls between the two unseen: the claim that met
+		// the lock came before the first watch, so the first look is
+		// a lookup after it.
 		woken, unwatch := g.hub.watch(k, e.CommandID)
-		wait := time.Until(deadline)
-		leaseEnds := e.Remaining > 0 && e.Remaining < wait
-		if leaseEnds {
-			// A few milliseconds past the lease's end by the store's
-			// clock, which Remaining was read by.
-			wait = e.Remaining + 5*time.Millisecond
-		}
-		timer.Reset(max(wait, 0))
-		var timedOut bool
-		select {
-		case <-woken:
-		case <-timer.C:
-			timedOut = !leaseEnds
-		case <-client.Done():
+		if first && c.settledSince(claimCtx, e) {
 			unwatch()
-			return &e, nil
-		}
-		unwatch()
-		if timedOut {
+		} else if done := c.sleep(client, woken, unwatch, timer, deadline, e); done {
 			return &e, nil
 		}
 		existing, err := c.claimKey(claimCtx)
@@ -235,6 +221,40 @@ func (c *Attempt) waitOutcome(client, claimCtx context.Context, e idemproxy.Entr
 			return existing, nil
 		}
 		e = *existing
+	}
+}
+
+// settledSince reports whether the lock e is no longer the key's: gone,
+// or another entry there.
+func (c *Attempt) settledSince(ctx context.Context, e idemproxy.Entry) bool {
+	now, err := c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
+	if errors.Is(err, idemproxy.ErrNotFound) {
+		return true
+	}
+	return err == nil && (now.State != idemproxy.StateInFlight || now.CommandID != e.CommandID)
+}
+
+// sleep waits until the key may have settled (woken), the lease of e
+// ends, the wait's deadline passes or the client goes away, and
+// unwatches. It reports whether the wait is over without a settlement:
+// the deadline passed or the client went away.
+func (c *Attempt) sleep(client context.Context, woken <-chan struct{}, unwatch func(), timer *time.Timer, deadline time.Time, e idemproxy.Entry) bool {
+	defer unwatch()
+	wait := time.Until(deadline)
+	leaseEnds := e.Remaining > 0 && e.Remaining < wait
+	if leaseEnds {
+		// A few milliseconds past the lease's end by the store's
+		// clock, which Remaining was read by.
+		wait = e.Remaining + 5*time.Millisecond
+	}
+	timer.Reset(max(wait, 0))
+	select {
+	case <-woken:
+		return false
+	case <-timer.C:
+		return !leaseEnds
+	case <-client.Done():
+		return true
 	}
 }
 
