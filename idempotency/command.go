@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/tenancy"
+	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
 // The lifecycle of a checked request, as docs/behaviour.md tells it.
@@ -121,7 +121,7 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 			"a request with an Idempotency-Key cannot switch protocols (Upgrade: %s): a tunnel is not a command that can be recorded; send the upgrade without the key", r.Header.Get("Upgrade"))))
 		return nil
 	}
-	tenant, ok := tenancy.FromContext(r.Context())
+	tenant, ok := idemproxy.TenantFrom(r.Context())
 	if !ok {
 		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
 		return nil
@@ -134,8 +134,8 @@ func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 	}
 
 	// The path is the escaped one, normalised: /a%2Fb is not /a/b.
-	path := NormalPath(r.URL)
-	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, tenancy.CommandPath(r.Context(), path)))
+	path := urlpath.Normal(r.URL)
+	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, idemproxy.CommandPath(r.Context(), path)))
 	c.body, c.bodyLen = upBody, int64(len(body))
 	return c
 }

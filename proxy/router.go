@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/urlpath"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -53,7 +54,7 @@ func (t *routeTable) match(r *http.Request) *routeEntry {
 	}
 	rctx := routeContexts.Get().(*chi.Context)
 	rctx.Reset()
-	pattern := t.mux.Find(rctx, method, idempotency.NormalPath(r.URL))
+	pattern := t.mux.Find(rctx, method, urlpath.Normal(r.URL))
 	routeContexts.Put(rctx)
 	if pattern == "" {
 		return nil

@@ -1,7 +1,6 @@
 package tenancy
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -174,21 +173,6 @@ func certTenant(r *http.Request) (string, bool) {
 	return cn, cn != ""
 }
 
-type commandPathKey struct{}
-
 // commandPathOf is the path a command type names, as the path source
-// found it.
-type commandPathOf struct{ escaped, command string }
-
-// CommandPath returns escaped, a request's escaped path, as its command
-// type names it: when the request's tenant came from the path (the path
-// source), its place is written {tenant} (/accounts/{tenant}/charges), so
-// that one endpoint is one command type across tenants and the tenant
-// string is not stored with the command. Any other path is returned as
-// it is.
-func CommandPath(ctx context.Context, escaped string) string {
-	if c, ok := ctx.Value(commandPathKey{}).(commandPathOf); ok && c.escaped == escaped {
-		return c.command
-	}
-	return escaped
-}
+// found it (idemproxy.WithCommandPath).
+type commandPathOf struct{ path, command string }

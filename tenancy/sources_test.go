@@ -180,7 +180,7 @@ func TestPath(t *testing.T) {
 		if !ok || got != tenancy.MapTenant(tc.tenant) {
 			t.Errorf("%s: tenant %s %v, want %q's", tc.path, got, ok, tc.tenant)
 		}
-		if cp := tenancy.CommandPath(out.Context(), out.URL.EscapedPath()); cp != tc.command {
+		if cp := idemproxy.CommandPath(out.Context(), out.URL.EscapedPath()); cp != tc.command {
 			t.Errorf("%s: command path %q, want %q", tc.path, cp, tc.command)
 		}
 	}
@@ -190,7 +190,7 @@ func TestPath(t *testing.T) {
 		}
 	}
 	// A path the pattern does not match leaves the command path alone.
-	if got := tenancy.CommandPath(context.Background(), "/accounts/acme"); got != "/accounts/acme" {
+	if got := idemproxy.CommandPath(context.Background(), "/accounts/acme"); got != "/accounts/acme" {
 		t.Errorf("CommandPath without a path tenant: %q", got)
 	}
 
@@ -203,7 +203,7 @@ func TestPath(t *testing.T) {
 	if got, _ := tenancy.FromContext(out.Context()); got != id {
 		t.Errorf("t-{tenant}: got %s, want %s", got, id)
 	}
-	if cp := tenancy.CommandPath(out.Context(), out.URL.EscapedPath()); cp != "/v1/eu/t-{tenant}/orders" {
+	if cp := idemproxy.CommandPath(out.Context(), out.URL.EscapedPath()); cp != "/v1/eu/t-{tenant}/orders" {
 		t.Errorf("t-{tenant}: command path %q", cp)
 	}
 	// The next source is tried when the path does not match.

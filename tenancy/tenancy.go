@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
 // Source is where a tenant may come from.
@@ -434,17 +435,15 @@ func ParsePublicKey(pemBytes []byte) (crypto.PublicKey, error) {
 	}
 }
 
-type ctxKey struct{}
-
-// NewContext returns ctx carrying tenant.
+// NewContext returns ctx carrying tenant (idemproxy.WithTenant), where
+// the idempotency step reads it.
 func NewContext(ctx context.Context, tenant uuid.UUID) context.Context {
-	return context.WithValue(ctx, ctxKey{}, tenant)
+	return idemproxy.WithTenant(ctx, tenant)
 }
 
 // FromContext returns the tenant resolved for the request, if any.
 func FromContext(ctx context.Context) (uuid.UUID, bool) {
-	t, ok := ctx.Value(ctxKey{}).(uuid.UUID)
-	return t, ok
+	return idemproxy.TenantFrom(ctx)
 }
 
 // MiddlewareOptions configures Resolver.Middleware. The zero value
@@ -496,7 +495,7 @@ func (r *Resolver) Apply(req *http.Request) (*http.Request, *idemproxy.Problem) 
 	}
 	ctx := NewContext(req.Context(), res.tenant)
 	if res.commandPath != nil {
-		ctx = context.WithValue(ctx, commandPathKey{}, *res.commandPath)
+		ctx = idemproxy.WithCommandPath(ctx, res.commandPath.path, res.commandPath.command)
 	}
 	return req.WithContext(ctx), nil
 }
@@ -549,7 +548,7 @@ func (r *Resolver) resolve(req *http.Request) (resolution, *idemproxy.Problem) {
 		case SourceStatic:
 			return resolution{tenant: r.static, found: true}, nil
 		case SourcePath:
-			escaped := req.URL.EscapedPath()
+			escaped := urlpath.Normal(req.URL)
 			raw, ok := r.path.match(escaped)
 			if !ok {
 				continue
@@ -564,7 +563,7 @@ func (r *Resolver) resolve(req *http.Request) (resolution, *idemproxy.Problem) {
 				return resolution{}, r.invalid(where, err)
 			}
 			return resolution{tenant: t, found: true,
-				commandPath: &commandPathOf{escaped: escaped, command: r.path.commandPath(escaped, raw)}}, nil
+				commandPath: &commandPathOf{path: escaped, command: r.path.commandPath(escaped, raw)}}, nil
 		case SourceHost:
 			s, ok := r.host.match(req.Host)
 			if !ok {

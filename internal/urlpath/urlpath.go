@@ -1,20 +1,24 @@
-package idempotency
+// Package urlpath normalises request paths, the one way idemproxy's
+// packages name a path: the sidecar's route matching, the tenancy path
+// source, and the idempotency step's fingerprint and command type.
+package urlpath
 
 import (
 	"net/url"
 	"strings"
 )
 
-// NormalPath is the path of u as the step names a command by it (in the
-// fingerprint and the default command type) and as the sidecar matches it
-// against route patterns: the escaped path (an encoded slash, %2F, stays
+// Normal is the path of u as the idempotency step names a command by it
+// (in the fingerprint and the default command type), as the sidecar
+// matches it against route patterns, and as the tenancy path source reads
+// it: the escaped path (an encoded slash, %2F, stays
 // distinct from /) normalised as RFC 3986 §6.2.2 says, so that spellings
 // of one resource are one path — percent-encoded unreserved characters
 // decoded (/v1/pay%6Dents is /v1/payments), the hex digits of the other
 // percent-encodings in upper case (%2f is %2F), and the dot segments
 // removed (/v1/x/../payments and /v1/./payments are /v1/payments). The
 // request sent upstream keeps the path as the client spelt it.
-func NormalPath(u *url.URL) string {
+func Normal(u *url.URL) string {
 	p := u.EscapedPath()
 	if strings.IndexByte(p, '%') >= 0 {
 		p = normalizeEscapes(p)

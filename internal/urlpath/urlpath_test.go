@@ -1,15 +1,15 @@
-package idempotency_test
+package urlpath_test
 
 import (
 	"net/url"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
-// TestNormalPath: the spellings RFC 3986 §6.2.2 makes equivalent are one
+// TestNormal: the spellings RFC 3986 §6.2.2 makes equivalent are one
 // path; an encoded slash (or any other reserved character) stays encoded.
-func TestNormalPath(t *testing.T) {
+func TestNormal(t *testing.T) {
 	for in, want := range map[string]string{
 		"/v1/payments":           "/v1/payments",
 		"/v1/pay%6Dents":         "/v1/payments",
@@ -37,18 +37,18 @@ func TestNormalPath(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", in, err)
 		}
-		if got := idempotency.NormalPath(u); got != want {
-			t.Errorf("NormalPath(%s): got %s, want %s", in, got, want)
+		if got := urlpath.Normal(u); got != want {
+			t.Errorf("Normal(%s): got %s, want %s", in, got, want)
 		}
 	}
 }
 
-// BenchmarkNormalPath: a path without escapes or dot segments costs no
+// BenchmarkNormal: a path without escapes or dot segments costs no
 // allocation.
-func BenchmarkNormalPath(b *testing.B) {
+func BenchmarkNormal(b *testing.B) {
 	u, _ := url.Parse("/v1/accounts/acct_123/charges")
 	b.ReportAllocs()
 	for b.Loop() {
-		idempotency.NormalPath(u)
+		urlpath.Normal(u)
 	}
 }
