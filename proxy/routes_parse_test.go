@@ -38,6 +38,7 @@ routes:
     key: query:ref
   - match: "PATCH /h"
     key: header:x-ref
+    enforce: false
 `), routesBase)
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +53,12 @@ routes:
 		!o.RequireKey || o.KeyTTL != 72*time.Hour || o.LockTimeout != 15*time.Second || o.UpstreamTimeout != 20*time.Second ||
 		o.SuccessStatus != status || o.ReplayMaxBytes != 65536 || o.MaxBodyBytes != 1048576 || pay.Off {
 		t.Fatalf("payments: %+v", pay)
+	}
+	if pay.Overrides.ReportOnly != nil {
+		t.Fatalf("payments without enforce: ReportOnly %v, want nil (the proxy's)", *pay.Overrides.ReportOnly)
+	}
+	if ro := rs.Routes[4].Overrides.ReportOnly; ro == nil || !*ro {
+		t.Fatalf("enforce: false: ReportOnly %v, want true", ro)
 	}
 	orders := rs.Routes[1]
 	if orders.Match != "POST /v1/orders/{id}" || orders.Overrides.CommandType != "POST /v1/orders/{id}" ||
@@ -104,6 +111,10 @@ func TestParseRoutesErrors(t *testing.T) {
 			[]string{`routes.yaml:3: routes[0].key: must be header:NAME, query:NAME or json:/pointer, got "body:/id"`}},
 		{"bad pointer", "routes:\n  - match: POST /a\n    key: json:id\n",
 			[]string{`routes.yaml:3: routes[0].key: json:POINTER needs an RFC 6901 pointer starting with /`}},
+		{"bad enforce", "routes:\n  - match: POST /a\n    enforce: report\n",
+			[]string{`routes.yaml:3: routes[0].enforce: must be true (enforce) or false (report only), got "report"`}},
+		{"enforce with idempotency off", "routes:\n  - match: POST /a\n    idempotency: off\n    enforce: false\n",
+			[]string{`routes.yaml:4: routes[0].enforce: has no effect on a route with idempotency: off`}},
 		{"bad idempotency", "routes:\n  - match: POST /a\n    idempotency: maybe\n",
 			[]string{`routes.yaml:3: routes[0].idempotency: must be "off"`}},
 		{"off with a policy", "routes:\n  - match: POST /a\n    idempotency: off\n    mode: strict\n",
