@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -351,15 +350,7 @@ func testReportOnlyUpstreamFailures(t *testing.T, st option) {
 	wantNoOwnHeaders(t, resp)
 	released("failed")
 
-	e.up.set(func(w http.ResponseWriter, r *http.Request) {
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		conn.(*net.TCPConn).SetLinger(0)
-		conn.Close()
-	})
+	e.up.set(resetConnection(t))
 	resp = e.do(req{key: "reset"})
 	wantProblem(t, resp, http.StatusBadGateway, "upstream-no-response")
 	wantNoOwnHeaders(t, resp)
