@@ -30,6 +30,7 @@ var dashboardMetrics = []string{
 	"idemproxy_lease_renewal_failures_total",
 	"idemproxy_lease_overrun_total",
 	"idemproxy_purged_rows_total",
+	"idemproxy_report_only_total",
 }
 
 var (

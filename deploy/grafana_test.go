@@ -132,4 +132,7 @@ func TestGrafanaDashboardMetrics(t *testing.T) {
 	if !charted("idemproxy_requests_total", "outcome") {
 		t.Error("no panel shows idemproxy_requests_total by outcome")
 	}
+	if !charted("idemproxy_report_only_total", "by (route, would)") {
+		t.Error("no panel shows idemproxy_report_only_total by route and would")
+	}
 }

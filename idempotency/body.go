@@ -62,24 +62,39 @@ func (g *Step) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyRe
 		return nil, nil, nil
 	}
 	buf, reserved, prob := g.fillBody(w, r)
-	if prob == nil && hasTrailers(r.Trailer) {
-		// The fingerprint covers the body alone, and the body goes
-		// upstream with a Content-Length: trailers would be lost.
-		prob = idemproxy.NewProblem(idemproxy.ProblemTrailersRefused, fmt.Sprintf(
-			"a request with an Idempotency-Key cannot carry trailer fields (got %s): send them as header fields", trailerNames(r.Trailer)))
+	if prob == nil {
+		prob = trailersRefused(r.Trailer)
 	}
 	if prob != nil {
 		g.buffered.give(reserved)
 		w.Header().Set("Connection", "close")
 		return nil, nil, prob
 	}
+	return buf, g.bodyReaderOf(buf, reserved), nil
+}
+
+// trailersRefused is the problem for a keyed body that came with trailer
+// fields, nil when none came. The fingerprint covers the body alone, and
+// the body goes upstream with a Content-Length: trailers would be lost.
+func trailersRefused(trailer http.Header) *idemproxy.Problem {
+	if !hasTrailers(trailer) {
+		return nil
+	}
+	return idemproxy.NewProblem(idemproxy.ProblemTrailersRefused, fmt.Sprintf(
+		"a request with an Idempotency-Key cannot carry trailer fields (got %s): send them as header fields", trailerNames(trailer)))
+}
+
+// bodyReaderOf is the reader of a body read whole into buf, whose
+// capacity holds reserved bytes of the budget; nil, with the bytes given
+// back, for an empty body.
+func (g *Step) bodyReaderOf(buf []byte, reserved int64) *bodyReader {
 	if len(buf) == 0 {
 		g.buffered.give(reserved)
-		return nil, nil, nil
+		return nil
 	}
 	b := &bodyReader{budget: g.buffered, reserved: reserved}
 	b.r.Reset(buf)
-	return buf, b, nil
+	return b
 }
 
 // fillBody reads the body into a buffer whose growth it reserves,
@@ -101,9 +116,10 @@ func (g *Step) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64, 
 			r.Body.Close()
 		})
 		defer t.Stop()
-		return g.readAll(r, timedOut)
+		buf, reserved, _, prob := g.readAll(r, timedOut)
+		return buf, reserved, prob
 	}
-	buf, reserved, prob := g.readAll(r, nil)
+	buf, reserved, _, prob := g.readAll(r, nil)
 	if prob == nil {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
@@ -111,11 +127,13 @@ func (g *Step) fillBody(w http.ResponseWriter, r *http.Request) ([]byte, int64, 
 }
 
 // readAll is fillBody's loop. timedOut, when not nil, is set once the
-// body was closed for taking too long.
-func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, reserved int64, prob *idemproxy.Problem) {
+// body was closed for taking too long. With a problem, buf holds what was
+// read, and over the one byte read past the limit or past the
+// Content-Length, if any: report-only forwards them (report.go).
+func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, reserved int64, over []byte, prob *idemproxy.Problem) {
 	limit := g.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		return nil, 0, g.tooLarge()
+		return nil, 0, nil, g.tooLarge()
 	}
 	// A declared length caps the buffer, with a byte to spare for the
 	// read that meets the end of the body.
@@ -130,13 +148,13 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 			n, err := r.Body.Read(one[:])
 			switch {
 			case n > 0 && r.ContentLength >= 0:
-				return buf, reserved, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body is longer than its Content-Length")
+				return buf, reserved, one[:], idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the request body is longer than its Content-Length")
 			case n > 0:
-				return buf, reserved, g.tooLarge()
+				return buf, reserved, one[:], g.tooLarge()
 			case err == io.EOF:
-				return buf, reserved, nil
+				return buf, reserved, nil, nil
 			case err != nil:
-				return buf, reserved, g.bodyError(err, timedOut)
+				return buf, reserved, nil, g.bodyError(err, timedOut)
 			}
 			continue
 		}
@@ -146,7 +164,7 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 				prob := idemproxy.NewProblem(idemproxy.ProblemBufferedFull, fmt.Sprintf(
 					"the request bodies and responses being buffered fill %s (%d bytes); the request was not forwarded", g.setting("MaxBufferedBytes"), g.buffered.max))
 				prob.RetryAfter = 1
-				return buf, reserved, prob
+				return buf, reserved, nil, prob
 			}
 			reserved += grow
 			grown := make([]byte, len(buf), int64(cap(buf))+grow)
@@ -156,10 +174,10 @@ func (g *Step) readAll(r *http.Request, timedOut *atomic.Bool) (buf []byte, rese
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
-			return buf, reserved, nil
+			return buf, reserved, nil, nil
 		}
 		if err != nil {
-			return buf, reserved, g.bodyError(err, timedOut)
+			return buf, reserved, nil, g.bodyError(err, timedOut)
 		}
 	}
 }

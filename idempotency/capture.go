@@ -13,14 +13,16 @@ import (
 // upstream it was forwarded to, before resp goes on to the client: a
 // success status is recorded (with the response, captured as it streams
 // by, in mode replay), any other releases the key; resp then carries
-// Idempotency-Command-Id.
+// Idempotency-Command-Id, unless the attempt is report-only's.
 func (c *Attempt) SettleResponse(resp *http.Response) {
 	var stored *idemproxy.Response
 	if c.KeepsResponse(resp.StatusCode) {
 		stored = c.capture(resp)
 	}
 	c.Answered(resp.Request.Context(), resp.StatusCode, stored)
-	resp.Header.Set("Idempotency-Command-Id", c.CommandID().String())
+	if !c.report {
+		resp.Header.Set("Idempotency-Command-Id", c.CommandID().String())
+	}
 }
 
 // capture reads up to ReplayMaxBytes of a success's body for replay and

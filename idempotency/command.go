@@ -50,6 +50,10 @@ type Attempt struct {
 	cancel  context.CancelFunc
 	// detached is set once the attempt outlives its request (Detach).
 	detached atomic.Bool
+	// report is set for an attempt report-only let through (Report):
+	// its key is never held, and its response gets no header of the
+	// step's.
+	report bool
 
 	// The renewals of the lease (lease.go), guarded by mu: renewal is
 	// the timer of the next one, nil once they stop; settling is set once
@@ -106,36 +110,48 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout 
 // the request (bad input).
 func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
 	ri := InfoFrom(r.Context())
-	key, keyed, err := g.requestKey(r)
-	if !keyed { // checked without a key: its method must carry one
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemKeyRequired, g.keyRequired(r)))
+	tenant, prob := g.identify(r, ri)
+	if prob != nil {
+		g.reject(w, ri, prob)
 		return nil
 	}
-	if err != nil {
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error()))
-		return nil
-	}
-	ri.Key = key
-	if isUpgrade(r.Header) {
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemUpgradeRefused, fmt.Sprintf(
-			"a request with an Idempotency-Key cannot switch protocols (Upgrade: %s): a tunnel is not a command that can be recorded; send the upgrade without the key", r.Header.Get("Upgrade"))))
-		return nil
-	}
-	tenant, ok := idemproxy.TenantFrom(r.Context())
-	if !ok {
-		g.reject(w, ri, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail))
-		return nil
-	}
-	ri.Tenant = tenant
 	body, upBody, prob := g.requestBody(w, r)
 	if prob != nil {
 		g.reject(w, ri, prob)
 		return nil
 	}
+	return g.attemptOf(r, ri, tenant, body, upBody)
+}
 
+// identify reads the key (into ri.Key) and the tenant (into ri.Tenant)
+// of a checked request, or returns the problem that refuses it.
+func (g *Step) identify(r *http.Request, ri *Info) (uuid.UUID, *idemproxy.Problem) {
+	key, keyed, err := g.requestKey(r)
+	if !keyed { // checked without a key: its method must carry one
+		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemKeyRequired, g.keyRequired(r))
+	}
+	if err != nil {
+		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, err.Error())
+	}
+	ri.Key = key
+	if isUpgrade(r.Header) {
+		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemUpgradeRefused, fmt.Sprintf(
+			"a request with an Idempotency-Key cannot switch protocols (Upgrade: %s): a tunnel is not a command that can be recorded; send the upgrade without the key", r.Header.Get("Upgrade")))
+	}
+	tenant, ok := idemproxy.TenantFrom(r.Context())
+	if !ok {
+		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail)
+	}
+	ri.Tenant = tenant
+	return tenant, nil
+}
+
+// attemptOf is the attempt at the command of r, identified and its body
+// read, not claimed yet.
+func (g *Step) attemptOf(r *http.Request, ri *Info, tenant uuid.UUID, body []byte, upBody *bodyReader) *Attempt {
 	// The path is the escaped one, normalised: /a%2Fb is not /a/b.
 	path := urlpath.Normal(r.URL)
-	c := g.newAttempt(ri, tenant, key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, idemproxy.CommandPath(r.Context(), path)))
+	c := g.newAttempt(ri, tenant, ri.Key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, idemproxy.CommandPath(r.Context(), path)))
 	c.body, c.bodyLen = upBody, int64(len(body))
 	return c
 }
@@ -425,11 +441,16 @@ func (c *Attempt) NotSent(ctx context.Context) {
 // answered 409 outcome-unknown, never forwarded. Under release, or when
 // the held key cannot be written, the lock is kept, no longer renewed,
 // until its lease ends, and a retry meanwhile gets 409 in-progress;
-// wait is then the Retry-After until the lease ends, in seconds.
+// wait is then the Retry-After until the lease ends, in seconds. In
+// report-only the key is released.
 func (c *Attempt) Unknown(ctx context.Context) (held bool, wait int) {
 	g, cl := c.idem, c.claim
 	c.info.Outcome = OutcomeUpstreamError
 	g.metrics.CountUnknownOutcome(c.info.Route)
+	if c.report { // nothing is held in report-only
+		c.release(ctx)
+		return false, 0
+	}
 	if c.tx != nil || g.cfg.UnknownOutcome != OutcomeHold {
 		return false, retryAfter(time.Until(c.stopRenewing()))
 	}

@@ -91,6 +91,17 @@ type Config struct {
 	// OutcomeRelease lets its lock end with its lease, and a retry after
 	// that runs the command again.
 	UnknownOutcome UnknownOutcome
+	// ReportOnly turns enforcement off (report.go): every checked request
+	// goes on as if the step were absent — nothing waits, nothing is
+	// answered by the step, no header of its own is added to a response —
+	// and the step counts and logs what enforcement would have done. A
+	// request that enforcement would forward claims its key, and its
+	// command is recorded or released as usual, so the records are warm
+	// when enforcement is turned on; the others leave the store as it is.
+	// A command whose outcome is unknown releases its key (nothing is
+	// held), and a store that fails lets the request through. Middleware
+	// honours it; Run does not (a command always runs checked).
+	ReportOnly bool
 	// NoRetryHints leaves out of the step's own answers the headers that
 	// tell retrying clients whether to retry (X-Should-Retry,
 	// Stripe-Should-Retry).
@@ -236,6 +247,9 @@ func (c Config) Validate() error {
 	if c.InFlightWaiters < 0 {
 		errs.Add("InFlightWaiters", "must be positive, got %d", c.InFlightWaiters)
 	}
+	if c.ReportOnly && c.Transactional {
+		errs.Add("ReportOnly", "cannot be combined with {Transactional}: a request let through unclaimed has no transaction for its handler's writes")
+	}
 	if c.UnknownOutcome != OutcomeHold && c.UnknownOutcome != OutcomeRelease {
 		errs.Add("UnknownOutcome", "must be hold or release, got %q", c.UnknownOutcome)
 	}
@@ -348,12 +362,14 @@ var safeMethods = map[string]bool{
 // must carry one. Method names are matched whatever their letter case.
 // Give it to the tenancy middleware (tenancy.MiddlewareOptions.Applies)
 // so that no tenant is needed, and no token checked, for other requests.
+// In report-only a request already let through (ReportRefused, Prepare)
+// is not checked again.
 func (g *Step) Checked(r *http.Request) bool {
 	m := r.Method
 	if !isUpper(m) {
 		m = strings.ToUpper(m)
 	}
-	if safeMethods[m] {
+	if safeMethods[m] || (g.cfg.ReportOnly && isReported(r)) {
 		return false
 	}
 	return g.hasKey(r) || g.requiresKey(m)

@@ -24,13 +24,17 @@ const (
 	// OutcomeUnknown: the key is held, its command's outcome unknown
 	// (409 outcome-unknown).
 	OutcomeUnknown = "outcome_unknown"
+	// OutcomeReportOnly: forwarded in report-only without a claim, where
+	// enforcement would have answered the request itself (its Would is
+	// counted with Metrics.CountReportOnly).
+	OutcomeReportOnly = "report_only"
 )
 
 // Outcomes lists every outcome, in the order the documentation gives them.
 var Outcomes = []string{
 	OutcomePassthrough, OutcomeForwarded, OutcomeReplayed, OutcomeConflictReplay, OutcomeInProgress,
 	OutcomeFingerprintMismatch, OutcomeRejected, OutcomeStoreUnavailable, OutcomeUpstreamError, OutcomeOverloaded,
-	OutcomeUnknown,
+	OutcomeUnknown, OutcomeReportOnly,
 }
 
 // Info is what the step learned about one request, for an access log: a
@@ -102,6 +106,10 @@ type Metrics interface {
 	// AddWaiters adds delta (negative when they leave) to the
 	// duplicates waiting now for an attempt in flight.
 	AddWaiters(delta int64)
+	// CountReportOnly counts a checked request of route that report-only
+	// (Config.ReportOnly) let through and that enforcement would have
+	// answered itself: would is one of Woulds.
+	CountReportOnly(would, route string)
 }
 
 // noMetrics discards every measurement.
@@ -115,3 +123,4 @@ func (noMetrics) CountLeaseOverrun()                   {}
 func (noMetrics) AddBuffered(int64)                    {}
 func (noMetrics) CountUnknownOutcome(string)           {}
 func (noMetrics) AddWaiters(int64)                     {}
+func (noMetrics) CountReportOnly(string, string)       {}

@@ -50,6 +50,13 @@ import (
 //     meanwhile gets 409 however long next runs.
 //   - CommandID(ctx) gives next the command's id, which the response also
 //     carries as Idempotency-Command-Id.
+//   - With Config.ReportOnly every request reaches next, answered as next
+//     answers it: a request enforcement would let through is claimed
+//     and recorded as above (its response without
+//     Idempotency-Command-Id), any other runs next unclaimed, and what
+//     enforcement would have done is counted and logged. The tenancy
+//     middleware in front still answers the requests it refuses (a bad
+//     token, a malformed tenant) itself.
 //
 // The crash window is the sidecar's: if the process dies after next took
 // effect and before the record is written, renewals stop, the lock ends
@@ -79,11 +86,24 @@ func (g *Step) Middleware(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		cmd, out := g.begin(w, r, g.cfg.Transactional, g.cfg.UpstreamTimeout)
-		if cmd == nil {
-			return
+		var (
+			cmd *Attempt
+			out *http.Request
+		)
+		if g.cfg.ReportOnly {
+			var end func()
+			out, end = g.report(r, g.cfg.UpstreamTimeout)
+			defer end()
+			if cmd = AttemptFrom(out.Context()); cmd == nil {
+				next.ServeHTTP(w, out)
+				return
+			}
+		} else {
+			if cmd, out = g.begin(w, r, g.cfg.Transactional, g.cfg.UpstreamTimeout); cmd == nil {
+				return
+			}
+			defer cmd.End()
 		}
-		defer cmd.End()
 		hw := &heldResponse{w: w, cmd: cmd, ctx: out.Context(), header: http.Header{}, limit: int(g.cfg.ReplayMaxBytes)}
 		defer hw.drop()
 		defer hw.settlePanic()
@@ -260,7 +280,7 @@ func (h *heldResponse) commit(partial bool) {
 	for k, v := range h.header {
 		out[k] = v
 	}
-	if h.cmd.idem.cfg.SuccessStatus.Contains(h.status) {
+	if h.cmd.idem.cfg.SuccessStatus.Contains(h.status) && !h.cmd.report {
 		out.Set("Idempotency-Command-Id", h.cmd.info.CommandID)
 	}
 	if !partial && bodyAllowed(h.status) && out.Get("Content-Length") == "" {

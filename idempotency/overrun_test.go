@@ -50,6 +50,7 @@ func (m *overrunMetrics) CountLeaseOverrun()                 { m.overruns.Add(1)
 func (*overrunMetrics) AddBuffered(int64)                    {}
 func (*overrunMetrics) CountUnknownOutcome(string)           {}
 func (*overrunMetrics) AddWaiters(int64)                     {}
+func (*overrunMetrics) CountReportOnly(string, string)       {}
 
 // syncBuffer is a bytes.Buffer safe for the logger's goroutines.
 type syncBuffer struct {

@@ -33,6 +33,9 @@ type Overrides struct {
 	InFlightWait   time.Duration
 	UnknownOutcome UnknownOutcome
 	SuccessStatus  StatusSet
+	// ReportOnly, when not nil, sets Config.ReportOnly: a route enforces
+	// or only reports whatever the step it is derived from does.
+	ReportOnly     *bool
 	ReplayMaxBytes int64
 	MaxBodyBytes   int64
 	// RequireKey makes every non-safe request carry a key (400 without
@@ -154,6 +157,9 @@ func (c Config) Apply(o Overrides) Config {
 	}
 	if o.UnknownOutcome != "" {
 		c.UnknownOutcome = o.UnknownOutcome
+	}
+	if o.ReportOnly != nil {
+		c.ReportOnly = *o.ReportOnly
 	}
 	if !o.SuccessStatus.empty() {
 		c.SuccessStatus = o.SuccessStatus
@@ -340,16 +346,28 @@ func preparedFrom(ctx context.Context) *preparedBody {
 // request it returns carries the body read, for Begin or, when the
 // request is not checked, for the handler; done gives the body's buffer
 // back to the budget, once the request is over. For every other step and
-// request it returns r itself.
+// request it returns r itself. In report-only (Config.ReportOnly) it
+// answers nothing: a body that enforcement would refuse goes on as it
+// arrived, and the request is then not checked.
 func (g *Step) Prepare(w http.ResponseWriter, r *http.Request) (out *http.Request, done func(), ok bool) {
 	if g.route == nil || g.route.key.In != KeyInBody || safeMethods[strings.ToUpper(r.Method)] {
 		return r, func() {}, true
+	}
+	if g.cfg.ReportOnly {
+		return g.prepareReport(r)
 	}
 	body, reader, prob := g.readBody(w, r)
 	if prob != nil {
 		g.reject(w, InfoFrom(r.Context()), prob)
 		return nil, nil, false
 	}
+	out, done = g.prepared(r, body, reader)
+	return out, done, true
+}
+
+// prepared is r carrying a body read before the key was known, and the
+// key found in it; done gives the body's buffer back.
+func (g *Step) prepared(r *http.Request, body []byte, reader *bodyReader) (out *http.Request, done func()) {
 	pb := &preparedBody{body: body, reader: reader}
 	pb.key, pb.found, pb.keyErr = bodyKey(body, g.route.pointer, g.route.key.Name)
 	out = r.WithContext(context.WithValue(r.Context(), preparedKey{}, pb))
@@ -363,7 +381,7 @@ func (g *Step) Prepare(w http.ResponseWriter, r *http.Request) (out *http.Reques
 		if reader != nil {
 			reader.Close()
 		}
-	}, true
+	}
 }
 
 // bodyKey finds the member at pointer in a JSON body: a string or a

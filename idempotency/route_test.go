@@ -119,3 +119,29 @@ func TestStatusSetString(t *testing.T) {
 		}
 	}
 }
+
+// TestDeriveReportOnly: a derived step reports only, or enforces, as its
+// override says, and keeps its parent's choice without one; report-only
+// cannot run in a transaction.
+func TestDeriveReportOnly(t *testing.T) {
+	st := memory.New(memory.Options{})
+	defer st.Close()
+	g, err := idempotency.New(idempotency.Config{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes, no := true, false
+	report, err := g.Derive(idempotency.Overrides{ReportOnly: &yes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, _ := report.Derive(idempotency.Overrides{Mode: idempotency.ModeStrict})
+	enforced, _ := report.Derive(idempotency.Overrides{ReportOnly: &no})
+	if g.ReportOnly() || !report.ReportOnly() || !kept.ReportOnly() || enforced.ReportOnly() {
+		t.Fatalf("report-only: base %v, derived %v, kept %v, enforced %v", g.ReportOnly(), report.ReportOnly(), kept.ReportOnly(), enforced.ReportOnly())
+	}
+	err = idempotency.Config{ReportOnly: true, Transactional: true}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "idempotency.Config.ReportOnly") {
+		t.Fatalf("ReportOnly with Transactional: %v, want refused naming ReportOnly", err)
+	}
+}

@@ -32,6 +32,10 @@ type Metrics struct {
 	DetachedCalls prometheus.Gauge
 	// Waiters is the duplicates waiting for an attempt in flight.
 	Waiters prometheus.Gauge
+	// ReportOnly counts the requests report-only forwarded that
+	// enforcement would have answered itself, by what it would have done
+	// and route.
+	ReportOnly *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
@@ -92,8 +96,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_in_flight_waiters",
 			Help: "Duplicates waiting now for the outcome of an attempt in flight (at most IDEMPROXY_IN_FLIGHT_WAITERS).",
 		}),
+		ReportOnly: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_report_only_total",
+			Help: "Requests forwarded in report-only (IDEMPROXY_ENFORCE=false, or a route's enforce: false) that enforcement would have answered itself, by what it would have done (replay, conflict_replay, in_progress, fingerprint_mismatch, outcome_unknown, rejected, store_unavailable, overloaded) and route.",
+		}, []string{"would", "route"}),
 	}
 	m.UnknownOutcomes.WithLabelValues(DefaultRoute)
+	for _, would := range idempotency.Woulds {
+		m.ReportOnly.WithLabelValues(would, DefaultRoute)
+	}
 	for _, o := range idempotency.Outcomes {
 		m.Requests.WithLabelValues(o, DefaultRoute)
 	}
@@ -105,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Requests, m.UpstreamDuration, m.StoreDuration, m.RecordWriteFailures, m.LockLost, m.RenewalFailures,
-			m.LeaseOverruns, m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures, m.UnknownOutcomes, m.DetachedCalls, m.Waiters)
+			m.LeaseOverruns, m.RecordCacheHits, m.BufferedBytes, m.RoutesReloadFailures, m.UnknownOutcomes, m.DetachedCalls, m.Waiters, m.ReportOnly)
 	}
 	return m
 }
@@ -152,3 +163,11 @@ func (m *Metrics) CountUnknownOutcome(route string) {
 
 // AddWaiters moves idemproxy_in_flight_waiters by delta.
 func (m *Metrics) AddWaiters(delta int64) { m.Waiters.Add(float64(delta)) }
+
+// CountReportOnly counts idemproxy_report_only_total{would,route}.
+func (m *Metrics) CountReportOnly(would, route string) {
+	if route == "" {
+		route = DefaultRoute
+	}
+	m.ReportOnly.WithLabelValues(would, route).Inc()
+}

@@ -19,13 +19,20 @@ import (
 // forward mounts the idempotency step in front of the reverse proxy
 // next: a checked request is begun here and forwarded once, in a context
 // that carries its command to the proxy's hooks, which settle it (rewrite,
-// modifyResponse, errorHandler). Every other request passes untouched.
+// modifyResponse, errorHandler). In report-only it is always forwarded,
+// carrying its command when the step claimed its key. Every other request
+// passes untouched.
 func (p *Proxy) forward(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		step := p.step(r)
 		if step == nil || !step.Checked(r) {
-			idempotency.InfoFrom(r.Context()).Outcome = idempotency.OutcomePassthrough
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, r) // its outcome stays passthrough, or report-only's
+			return
+		}
+		if step.ReportOnly() {
+			out, end := step.Report(r)
+			defer end()
+			next.ServeHTTP(w, out)
 			return
 		}
 		cmd, out := step.Begin(w, r)
@@ -98,11 +105,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// Only idemproxy may tell the upstream which command this is.
 	h.Del("Idempotency-Command-Id")
-	cmd := idempotency.AttemptFrom(pr.Out.Context())
-	if cmd == nil {
-		return
+	if cmd := idempotency.AttemptFrom(pr.Out.Context()); cmd != nil {
+		h.Set("Idempotency-Command-Id", cmd.CommandID().String())
 	}
-	h.Set("Idempotency-Command-Id", cmd.CommandID().String())
 }
 
 func lowerASCII(s string) string {
@@ -151,6 +156,21 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	switch {
 	case cmd == nil:
+		p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
+		idemproxy.WriteProblem(w, prob)
+		return
+	case cmd.Step().ReportOnly():
+		// Settled (a detached call settles when it ends), and answered
+		// as a request idemproxy does not check.
+		switch {
+		case notSent:
+			cmd.NotSent(r.Context())
+		case errors.Is(err, errDetached):
+			prob = idemproxy.NewProblem(idemproxy.ProblemUpstreamTimeout, "the upstream did not answer in time; the request may have taken effect")
+		default:
+			cmd.Unknown(r.Context()) // released: report-only holds nothing
+		}
+		ri.Outcome = idempotency.OutcomeUpstreamError
 		p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
 		idemproxy.WriteProblem(w, prob)
 		return

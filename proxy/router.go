@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -173,7 +174,7 @@ func (p *Proxy) resolver(r *http.Request) *tenancy.Resolver {
 
 // tenancy resolves the tenant of every checked request with its route's
 // resolver (tenancy.Resolver.Apply); a refused request is answered and
-// counted rejected.
+// counted rejected, or in report-only counted and let through.
 func (p *Proxy) tenancy(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !p.checked(r) {
@@ -182,6 +183,10 @@ func (p *Proxy) tenancy(next http.Handler) http.Handler {
 		}
 		out, prob := p.resolver(r).Apply(r)
 		if prob != nil {
+			if out, ok := p.step(r).ReportRefused(r, prob); ok {
+				next.ServeHTTP(w, out)
+				return
+			}
 			p.tenancyRefused(w, r, prob)
 			return
 		}
@@ -215,6 +220,8 @@ type PolicyView struct {
 	SuccessStatus   string `json:"success_status,omitempty"`
 	ReplayMaxBytes  int64  `json:"replay_max_bytes,omitempty"`
 	MaxBodyBytes    int64  `json:"max_body_bytes,omitempty"`
+	// Enforce is "false" for a route in report-only.
+	Enforce string `json:"enforce,omitempty"`
 	// Tenant lists the route's own tenant sources; empty means the
 	// proxy's (Default's).
 	Tenant string `json:"tenant,omitempty"`
@@ -281,6 +288,7 @@ func policyView(match string, c idempotency.Config, command string, requireKey [
 		KeyTTL: c.KeyTTL.String(), LockTimeout: c.LockTimeout.String(), UpstreamTimeout: c.UpstreamTimeout.String(),
 		CommandTimeout: c.CommandTimeout.String(), InFlightWait: wait, UnknownOutcome: string(c.UnknownOutcome),
 		SuccessStatus: status, ReplayMaxBytes: c.ReplayMaxBytes, MaxBodyBytes: c.MaxBodyBytes,
+		Enforce: strconv.FormatBool(!c.ReportOnly),
 	}
 }
 

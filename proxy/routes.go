@@ -54,14 +54,14 @@ type Route struct {
 // gives them.
 var routeFields = []string{"match", "command", "idempotency", "mode", "require_key", "key", "key_ttl", "lock_timeout",
 	"upstream_timeout", "success_status", "replay_max_bytes", "max_body_bytes", "in_flight_wait", "command_timeout",
-	"unknown_outcome", "tenant"}
+	"unknown_outcome", "tenant", "enforce"}
 
 // routeField is the route field that sets an idempotency.Config field.
 var routeField = map[string]string{
 	"Mode": "mode", "KeyTTL": "key_ttl", "LockTimeout": "lock_timeout", "UpstreamTimeout": "upstream_timeout",
 	"SuccessStatus": "success_status", "ReplayMaxBytes": "replay_max_bytes", "MaxBodyBytes": "max_body_bytes",
 	"MaxBufferedBytes": "max_body_bytes", "InFlightWait": "in_flight_wait", "CommandTimeout": "command_timeout",
-	"UnknownOutcome": "unknown_outcome",
+	"UnknownOutcome": "unknown_outcome", "ReportOnly": "enforce",
 }
 
 // RoutesError is one mistake in a routes file.
@@ -314,6 +314,13 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 				bad("must be a positive whole number of bytes, got %q", val)
 			}
 			*map[string]*int64{"replay_max_bytes": &o.ReplayMaxBytes, "max_body_bytes": &o.MaxBodyBytes}[k.Value] = b
+		case "enforce":
+			b, err := strconv.ParseBool(strings.ToLower(val))
+			if err != nil {
+				bad("must be true (enforce) or false (report only), got %q", val)
+			}
+			reportOnly := !b
+			o.ReportOnly = &reportOnly
 		case "tenant":
 			srcs, err := tenancy.ParseSources(val)
 			if err != nil {

@@ -42,6 +42,7 @@ routes:
     key: query:ref
   - match: "PATCH /h"
     key: header:x-ref
+    enforce: false
 `), routesBase)
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,12 @@ routes:
 	}
 	if o := rs.Routes[1].Overrides; o.InFlightWait != 3*time.Second || o.CommandTimeout != 0 || o.UnknownOutcome != "" {
 		t.Fatalf("orders' retry settings: %+v", o)
+	}
+	if pay.Overrides.ReportOnly != nil {
+		t.Fatalf("payments without enforce: ReportOnly %v, want nil (the proxy's)", *pay.Overrides.ReportOnly)
+	}
+	if ro := rs.Routes[4].Overrides.ReportOnly; ro == nil || !*ro {
+		t.Fatalf("enforce: false: ReportOnly %v, want true", ro)
 	}
 	orders := rs.Routes[1]
 	if orders.Match != "POST /v1/orders/{id}" || orders.Overrides.CommandType != "POST /v1/orders/{id}" ||
@@ -112,6 +119,10 @@ func TestParseRoutesErrors(t *testing.T) {
 			[]string{`routes.yaml:3: routes[0].key: must be header:NAME, query:NAME or json:/pointer, got "body:/id"`}},
 		{"bad pointer", "routes:\n  - match: POST /a\n    key: json:id\n",
 			[]string{`routes.yaml:3: routes[0].key: json:POINTER needs an RFC 6901 pointer starting with /`}},
+		{"bad enforce", "routes:\n  - match: POST /a\n    enforce: report\n",
+			[]string{`routes.yaml:3: routes[0].enforce: must be true (enforce) or false (report only), got "report"`}},
+		{"enforce with idempotency off", "routes:\n  - match: POST /a\n    idempotency: off\n    enforce: false\n",
+			[]string{`routes.yaml:4: routes[0].enforce: has no effect on a route with idempotency: off`}},
 		{"bad idempotency", "routes:\n  - match: POST /a\n    idempotency: maybe\n",
 			[]string{`routes.yaml:3: routes[0].idempotency: must be "off"`}},
 		{"off with a policy", "routes:\n  - match: POST /a\n    idempotency: off\n    mode: strict\n",

@@ -22,6 +22,7 @@ var variables = map[string]string{
 	"idempotency.Config.InFlightWaiters":  "IDEMPROXY_IN_FLIGHT_WAITERS",
 	"idempotency.Config.UnknownOutcome":   "IDEMPROXY_UNKNOWN_OUTCOME",
 	"idempotency.Config.NoRetryHints":     "IDEMPROXY_RETRY_HINTS",
+	"idempotency.Config.ReportOnly":       "IDEMPROXY_ENFORCE",
 	"idempotency.Config.StoreTimeout":     "IDEMPROXY_STORE_TIMEOUT",
 	"idempotency.Config.RetryAfter":       "IDEMPROXY_RETRY_AFTER",
 	"idempotency.Config.RequireKey":       "IDEMPROXY_REQUIRE_KEY",

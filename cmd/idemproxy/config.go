@@ -40,6 +40,7 @@ type Config struct {
 	Store       storeName `env:"IDEMPROXY_STORE" envDefault:"memory" desc:"memory, postgres or redis"`
 	DatabaseURL string    `env:"IDEMPROXY_DATABASE_URL" desc:"libpq URL, required for the postgres store"`
 	Mode        modeName  `env:"IDEMPROXY_MODE" envDefault:"noop" desc:"answer to a retried key: noop, strict or replay"`
+	Enforce     bool      `env:"IDEMPROXY_ENFORCE" envDefault:"true" desc:"false: report-only, every request is forwarded as if idemproxy were absent; records are still written for what enforcement would forward, and what enforcement would have answered itself is counted (idemproxy_report_only_total) and logged (docs/rollout.md). A route's enforce overrides it"`
 
 	SuccessStatus string `env:"IDEMPROXY_SUCCESS_STATUS" envDefault:"2xx" desc:"upstream statuses that make a record, as codes and classes (e.g. 2xx,303 for post-redirect-get upstreams); any other answer releases the key"`
 
@@ -770,6 +771,7 @@ func (c Config) proxyConfig(st idemproxy.Store, resolver *tenancy.Resolver, log 
 			InFlightWaiters:  c.InFlightWaiters,
 			UnknownOutcome:   idempotency.UnknownOutcome(c.UnknownOutcome),
 			NoRetryHints:     !c.RetryHints,
+			ReportOnly:       !c.Enforce,
 			StoreTimeout:     c.StoreTimeout,
 			RetryAfter:       c.RetryAfter,
 			RequireKey:       c.RequireKey,

@@ -61,7 +61,7 @@ func runRoutes(args, environ []string, stdout, stderr io.Writer) error {
 // printPolicies prints one line per policy with every setting in force.
 func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "LINE\tMATCH\tCOMMAND\tIDEMPOTENCY\tMODE\tREQUIRE_KEY\tKEY\tKEY_TTL\tLOCK_TIMEOUT\tUPSTREAM_TIMEOUT\tCOMMAND_TIMEOUT\tIN_FLIGHT_WAIT\tUNKNOWN_OUTCOME\tSUCCESS_STATUS\tREPLAY_MAX_BYTES\tMAX_BODY_BYTES\tTENANT")
+	fmt.Fprintln(tw, "LINE\tMATCH\tCOMMAND\tIDEMPOTENCY\tMODE\tREQUIRE_KEY\tKEY\tKEY_TTL\tLOCK_TIMEOUT\tUPSTREAM_TIMEOUT\tCOMMAND_TIMEOUT\tIN_FLIGHT_WAIT\tUNKNOWN_OUTCOME\tSUCCESS_STATUS\tREPLAY_MAX_BYTES\tMAX_BODY_BYTES\tTENANT\tENFORCE")
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -83,10 +83,10 @@ func printPolicies(w io.Writer, policies []proxy.PolicyView) {
 		if tenant == "" && p.Idempotency == "on" {
 			tenant = "(default)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", line, p.Match, dash(p.Command), p.Idempotency,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", line, p.Match, dash(p.Command), p.Idempotency,
 			dash(p.Mode), dash(p.RequireKey), dash(p.Key), dash(p.KeyTTL), dash(p.LockTimeout), dash(p.UpstreamTimeout),
 			dash(p.CommandTimeout), dash(p.InFlightWait), dash(p.UnknownOutcome),
-			dash(p.SuccessStatus), num(p.ReplayMaxBytes), num(p.MaxBodyBytes), dash(tenant))
+			dash(p.SuccessStatus), num(p.ReplayMaxBytes), num(p.MaxBodyBytes), dash(tenant), dash(p.Enforce))
 	}
 	tw.Flush()
 }
