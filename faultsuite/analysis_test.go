@@ -154,6 +154,8 @@ type verdict struct {
 	HeldNotExecuted   int `json:"keys_held_not_executed"`
 	HeldExecutedOnce  int `json:"keys_held_executed_once"`
 	HeldExecutedMore  int `json:"keys_held_executed_more_explained"`
+	// HeldExecutedMoreSamples name the first of those keys.
+	HeldExecutedMoreSamples []string `json:"keys_held_executed_more_samples,omitempty"`
 	// HeldAfter2xx counts held keys whose client had a 2xx before: the
 	// command's record never landed, it ran again and that run was held.
 	HeldAfter2xx int `json:"keys_held_after_2xx_record_lost"`
@@ -409,6 +411,9 @@ func (v *verdict) judgeHeld(id string, kr *keyResult, es []execution, view heldV
 		v.HeldExecutedOnce++
 	case explained:
 		v.HeldExecutedMore++
+		if len(v.HeldExecutedMoreSamples) < 10 {
+			v.HeldExecutedMoreSamples = append(v.HeldExecutedMoreSamples, fmt.Sprintf("%s: held for command %s, executed %d times", id, cmd, len(es)))
+		}
 	default:
 		violate("%s: held (command %s) and executed %d times, not every duplicate explained", id, cmd, len(es))
 	}
