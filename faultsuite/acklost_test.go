@@ -39,7 +39,7 @@ func testCompleteWhoseAckWasLostIsNotALostLock(t *testing.T, b *backend) {
 		q[k] = vs
 	}
 	b.server.RawQuery = q.Encode()
-	up, err := newUpstream(1, upstreamTimeout, 1)
+	up, err := newUpstream(1, upstreamTimeout, commandTimeout, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,18 +7,27 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/idemproxy/idemproxy"
 )
 
 // Reasons a command may legitimately run a second time (the documented
-// at-least-once window): its first execution's outcome never reached the
+// at-least-once windows): its first execution's outcome never reached the
 // store before the lease ended.
 const (
 	// reasonKilled: the replica that forwarded it was SIGKILLed while it
 	// was in flight.
 	reasonKilled = "replica-killed-in-flight"
-	// reasonUnknownOutcome: the proxy got no answer (upstream timeout,
-	// reset, cut connection) and said so: 502/504, lock kept for the lease.
-	reasonUnknownOutcome = "upstream-outcome-unknown"
+	// reasonUnknownOutcome: the proxy got no answer (a reset or cut
+	// connection, the command timeout) and could not hold the key (the
+	// store was away): it logged so for the command, and the lock lived
+	// out its lease. A held key is never run again, so an unknown
+	// outcome alone explains nothing.
+	reasonUnknownOutcome = "outcome-unknown-key-not-held"
+	// reasonUnknownReleased: under IDEMPROXY_UNKNOWN_OUTCOME=release, the
+	// proxy got no answer (upstream timeout, reset, cut connection) and
+	// said so: 502/504, lock kept for the lease.
+	reasonUnknownReleased = "upstream-outcome-unknown-released"
 	// reasonRecordWriteFailed: the upstream answered 2xx but the record
 	// could not be written (RECORD WRITE FAILED), lock kept for the lease.
 	reasonRecordWriteFailed = "record-write-failed"
@@ -30,11 +39,15 @@ const (
 // evidence is what the suite learned about the run besides the upstream's
 // counts: faults, and what the replicas logged.
 type evidence struct {
-	lease         time.Duration
+	lease time.Duration
+	// release: the replicas ran with IDEMPROXY_UNKNOWN_OUTCOME=release.
+	release       bool
 	faults        []fault
 	recordFailed  map[string]bool // command ids
 	lockLost      map[string]bool
 	upstreamError map[string]bool // command ids the proxy answered 502/504 for, as its clients saw
+	held          map[string]bool // command ids whose key was held as outcome unknown
+	notHeld       map[string]bool // command ids whose key could not be held
 }
 
 // explain returns why execution e may have been followed by another, or
@@ -46,32 +59,42 @@ func (ev *evidence) explain(e execution) string {
 	case ev.lockLost[e.CommandID]:
 		return reasonLockLost
 	}
+	// The proxy settles a command when the upstream's answer (or its
+	// failure) reaches it, which the upstream saw as the end of its
+	// handler; a live call ends within the upstream timeout, a detached
+	// one within the command timeout.
+	settling := e.Done
+	if settling.IsZero() {
+		settling = e.Received
+	}
 	for _, f := range ev.faults {
 		if !strings.HasPrefix(f.Kind, "sigkill") || f.Slot != e.Slot {
 			continue
 		}
 		// Sent by the killed process (received before its successor
 		// was launched: what it wrote just before the signal may reach
-		// the upstream just after), at most a lease before the kill:
-		// it may never have been recorded.
-		if e.Received.Before(f.Restarted) && f.Start.Sub(e.Received) <= ev.lease+time.Second {
+		// the upstream just after), and ended at most a lease before
+		// the kill: it may never have been settled.
+		if e.Received.Before(f.Restarted) && f.Start.Sub(settling) <= ev.lease+time.Second {
 			return reasonKilled
 		}
 	}
-	if e.Mode == modeSlow || e.Mode == modeReset || ev.upstreamError[e.CommandID] {
-		return reasonUnknownOutcome
+	if !ev.release {
+		if ev.notHeld[e.CommandID] {
+			return reasonUnknownOutcome
+		}
+		return ""
+	}
+	if e.Mode == modeSlow || e.Mode == modeHang || e.Mode == modeReset || e.Mode == modeDelayReset || ev.upstreamError[e.CommandID] {
+		return reasonUnknownReleased
 	}
 	for _, f := range ev.faults {
 		if f.Kind != "upstream-path-cut" || f.Slot != e.Slot {
 			continue
 		}
-		done := e.Done
-		if done.IsZero() {
-			done = e.Received
-		}
 		// The connection was cut while the answer was on its way.
-		if !f.Start.Before(e.Received) && !f.Start.After(done.Add(200*time.Millisecond)) {
-			return reasonUnknownOutcome
+		if !f.Start.Before(e.Received) && !f.Start.After(settling.Add(200*time.Millisecond)) {
+			return reasonUnknownReleased
 		}
 	}
 	return ""
@@ -119,7 +142,28 @@ type verdict struct {
 	// ended, so the different body ran as a new command.
 	VariantsRanExplained int      `json:"variant_bodies_ran_after_lease_explained"`
 	VariantsOther        []string `json:"variant_bodies_other,omitempty"`
-	Violations           []string `json:"violations,omitempty"`
+
+	// KeysHeld counts the keys a client saw held as outcome unknown (409
+	// outcome-unknown, or the 502/504 of the attempt whose key was held),
+	// KeysHeldConfirmed those the admin API showed held for that command
+	// at the end; by how often the upstream executed them:
+	// HeldNotExecuted (the request never reached it), HeldExecutedOnce,
+	// HeldExecutedMore (each duplicate explained, as any other).
+	KeysHeld          int `json:"keys_held"`
+	KeysHeldConfirmed int `json:"keys_held_confirmed_by_admin_api"`
+	HeldNotExecuted   int `json:"keys_held_not_executed"`
+	HeldExecutedOnce  int `json:"keys_held_executed_once"`
+	HeldExecutedMore  int `json:"keys_held_executed_more_explained"`
+	// HeldExecutedMoreSamples name the first of those keys.
+	HeldExecutedMoreSamples []string `json:"keys_held_executed_more_samples,omitempty"`
+	// HeldAfter2xx counts held keys whose client had a 2xx before: the
+	// command's record never landed, it ran again and that run was held.
+	HeldAfter2xx int `json:"keys_held_after_2xx_record_lost"`
+	// HeldInStore counts the entries the store holds as outcome unknown
+	// for the run's tenants.
+	HeldInStore int `json:"entries_held_in_store"`
+
+	Violations []string `json:"violations,omitempty"`
 	// LockLostFalseAlarms counts "lock expired and was claimed again"
 	// reports for commands that ran once and whose record is written
 	// (see TestCompleteWhoseAckWasLostIsNotALostLock).
@@ -132,9 +176,19 @@ type storedEntry struct {
 	state, commandID string
 }
 
+// heldView is what the admin API showed, at the end of the load, for a key
+// a client saw held.
+type heldView struct {
+	state, commandID string
+	err              string // the lookup failed
+}
+
 // judge checks every key: executions against evidence, what the clients
-// got, and the entries left in the store.
-func judge(execs map[string][]execution, byCmd map[string]int, results []*keyResult, rows map[string]storedEntry, ev *evidence) verdict {
+// got, the held keys as the admin API shows them, and the entries left in
+// the store. unheldNoAnswer are the commands answered 502
+// upstream-no-response with X-Should-Retry: true.
+func judge(execs map[string][]execution, byCmd map[string]int, results []*keyResult, rows map[string]storedEntry,
+	held map[string]heldView, unheldNoAnswer []string, ev *evidence) verdict {
 	v := verdict{ExplainedByReason: map[string]int{}}
 	violate := func(format string, args ...any) {
 		if len(v.Violations) < 100 {
@@ -210,10 +264,27 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 		}
 	}
 
+	// A record that never landed: its command may run again.
+	lost := func(cmd string) bool { return ev.recordFailed[cmd] || ev.lockLost[cmd] }
+	seenHeld := map[string]bool{}
 	for _, kr := range results {
 		v.Keys++
 		id := keyID(kr.Tenant, kr.Key)
+		if kr.Held {
+			seenHeld[id] = true
+			v.judgeHeld(id, kr, execs[id], held[id], allExplained[id], violate)
+			if kr.OK {
+				if lost(kr.CommandID) {
+					v.HeldAfter2xx++
+				} else {
+					violate("%s: got 2xx for command %s, whose record was written, then was held (command %s)", id, kr.CommandID, kr.HeldCommandID)
+				}
+			}
+		}
 		if !kr.OK {
+			if kr.Held {
+				continue
+			}
 			v.KeysFailed++
 			if kr.Definite {
 				v.KeysFailedDefinite++
@@ -238,7 +309,10 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 			switch {
 			case kr.ReplayCheck == "ok":
 				v.ReplayChecksOK++
-			case kr.ReplayCheck == "mismatch" && len(execs[id]) > 1 && allExplained[id]:
+			case kr.ReplayCheck == "mismatch" && len(execs[id]) > 1 && allExplained[id],
+				kr.Held && lost(kr.CommandID):
+				// The record never landed: the command ran again (and
+				// may have been held).
 				v.ReplayMismatchExpl++
 			case kr.ReplayCheck == "mismatch":
 				v.ReplayMismatchUnexp++
@@ -253,9 +327,11 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 			switch {
 			case strings.HasPrefix(kr.Variant, "422"):
 				v.Variants422++
-			case strings.HasPrefix(kr.Variant, "2") && len(execs[id]) > 1 && allExplained[id]:
+			case strings.HasPrefix(kr.Variant, "2") && len(execs[id]) > 1 && allExplained[id],
+				kr.Held && lost(kr.CommandID):
 				// The first command's record never landed and its
-				// lease ended: the key was free again.
+				// lease ended: the key was free again (and the variant
+				// may have been held).
 				v.VariantsRanExplained++
 			default:
 				v.VariantsOther = append(v.VariantsOther, id+": "+kr.Variant)
@@ -267,7 +343,7 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 		if kr.ReplayCommandID != "" {
 			last = kr.ReplayCommandID
 		}
-		if ev.recordFailed[last] || ev.lockLost[last] {
+		if lost(last) {
 			continue
 		}
 		row, found := rows[id]
@@ -281,5 +357,75 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 			violate("%s: the client was told command %s, the record names %s", id, last, row.commandID)
 		}
 	}
+
+	// Every entry held in the store is a key a client saw held, and every
+	// command answered 502 with a hint to retry could not be held.
+	heldLogged := len(ev.held)
+	for id, row := range rows {
+		if row.state != "unknown" {
+			continue
+		}
+		v.HeldInStore++
+		if !seenHeld[id] {
+			violate("%s: held in the store (command %s), but no client saw it held", id, row.commandID)
+		}
+	}
+	if heldLogged > v.HeldInStore {
+		violate("the replicas logged %d keys held, the store holds %d", heldLogged, v.HeldInStore)
+	}
+	if !ev.release {
+		for _, cmd := range unheldNoAnswer {
+			if !ev.notHeld[cmd] {
+				violate("command %s was answered 502 upstream-no-response with %s: true under hold, but its replica did not log that the key could not be held",
+					cmd, idemproxy.HeaderShouldRetry)
+			}
+		}
+	}
 	return v
+}
+
+// judgeHeld checks a key its client saw held: the admin API shows it held
+// for the command the client was told of, and the upstream executed it at
+// most once, or more often with every duplicate explained, and never after
+// the held command.
+func (v *verdict) judgeHeld(id string, kr *keyResult, es []execution, view heldView, explained bool, violate func(string, ...any)) {
+	v.KeysHeld++
+	cmd := kr.HeldCommandID
+	switch {
+	case view.err != "":
+		violate("%s: a client saw it held (command %s); the admin API lookup failed: %s", id, cmd, view.err)
+	case view.state != "unknown":
+		violate("%s: a client saw it held (command %s); the admin API shows it %q (command %s)", id, cmd, view.state, view.commandID)
+	case cmd != "" && view.commandID != cmd:
+		violate("%s: a client saw it held for command %s; the admin API shows it held for command %s", id, cmd, view.commandID)
+	default:
+		v.KeysHeldConfirmed++
+	}
+	if cmd == "" {
+		cmd = view.commandID
+	}
+	switch {
+	case len(es) == 0:
+		v.HeldNotExecuted++
+	case len(es) == 1:
+		v.HeldExecutedOnce++
+	case explained:
+		v.HeldExecutedMore++
+		if len(v.HeldExecutedMoreSamples) < 10 {
+			v.HeldExecutedMoreSamples = append(v.HeldExecutedMoreSamples, fmt.Sprintf("%s: held for command %s, executed %d times", id, cmd, len(es)))
+		}
+	default:
+		violate("%s: held (command %s) and executed %d times, not every duplicate explained", id, cmd, len(es))
+	}
+	for i, e := range es {
+		if e.CommandID != cmd {
+			continue
+		}
+		for _, later := range es[i+1:] {
+			if later.CommandID == cmd {
+				continue // the same command twice: SameCommandTwice
+			}
+			violate("%s: held for command %s, then executed again as command %s", id, cmd, later.CommandID)
+		}
+	}
 }

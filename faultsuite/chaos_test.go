@@ -80,17 +80,18 @@ func (c *chaos) run(ctx context.Context) {
 		c.storeCutOne,
 		c.upstreamMode(modeSlow, 2*time.Second),
 		c.storeCutAll,
-		c.cutBetweenClaimAndComplete,
+		c.cutBetweenClaimAndComplete(modeDelay),
 		c.upstreamMode(modeReset, time.Second),
 		c.upstreamMode(mode5xx, time.Second),
 		c.sigtermRestart,
+		c.cutBetweenClaimAndComplete(modeDelayReset),
 		c.storeBlackholeOne,
 		c.restartDuringStoreCut,
 		c.upstreamPathCut,
 		c.killAnyTime,
-		c.cutBetweenClaimAndComplete,
-		c.upstreamMode(modeSlow, time.Second),
+		c.upstreamMode(modeHang, time.Second),
 		c.storeBlackholeAll,
+		c.upstreamMode(modeSlow, time.Second),
 	}
 	for i := 0; ; i++ {
 		sleep(ctx, c.between(c.calm, 2*c.calm))
@@ -181,31 +182,36 @@ func (c *chaos) storeBlackholeOne(ctx context.Context) {
 	c.record(f)
 }
 
-// cutBetweenClaimAndComplete delays the upstream's answers, lets commands
-// get claimed and forwarded, then cuts the store (of one replica or of
-// all) so that their completion fails: idemproxy must keep those locks
-// (RECORD WRITE FAILED), never release them.
-func (c *chaos) cutBetweenClaimAndComplete(ctx context.Context) {
-	target := -1
-	cut := c.slots
-	if c.rng.IntN(2) == 0 {
-		target = c.rng.IntN(len(c.slots))
-		cut = c.slots[target : target+1]
+// cutBetweenClaimAndComplete delays the upstream's answers (m is
+// modeDelay or modeDelayReset), lets commands get claimed and forwarded,
+// then cuts the store (of one replica or of all) so that their settling
+// fails: idemproxy must keep those locks, never release them — a success
+// whose record cannot be written (RECORD WRITE FAILED), or, after a reset,
+// an unknown outcome whose key cannot be held (logged so), lives out its
+// lease.
+func (c *chaos) cutBetweenClaimAndComplete(m upMode) func(context.Context) {
+	return func(ctx context.Context) {
+		target := -1
+		cut := c.slots
+		if c.rng.IntN(2) == 0 {
+			target = c.rng.IntN(len(c.slots))
+			cut = c.slots[target : target+1]
+		}
+		c.up.setMode(m)
+		sleep(ctx, c.up.delay/2)
+		d := c.between(1500*time.Millisecond, 2500*time.Millisecond)
+		f := fault{Kind: "store-cut-between-claim-and-complete", Slot: target, Start: time.Now(), Detail: d.String() + ", upstream " + m.String()}
+		for _, s := range cut {
+			s.store.Cut()
+		}
+		sleep(ctx, d)
+		for _, s := range cut {
+			s.store.Restore()
+		}
+		f.End = time.Now()
+		c.up.setMode(modeNormal)
+		c.record(f)
 	}
-	c.up.setMode(modeDelay)
-	sleep(ctx, c.up.delay/2)
-	d := c.between(1500*time.Millisecond, 2500*time.Millisecond)
-	f := fault{Kind: "store-cut-between-claim-and-complete", Slot: target, Start: time.Now(), Detail: d.String()}
-	for _, s := range cut {
-		s.store.Cut()
-	}
-	sleep(ctx, d)
-	for _, s := range cut {
-		s.store.Restore()
-	}
-	f.End = time.Now()
-	c.up.setMode(modeNormal)
-	c.record(f)
 }
 
 // upstreamMode switches the upstream to m for d.
@@ -234,12 +240,24 @@ func (c *chaos) upstreamPathCut(ctx context.Context) {
 }
 
 // sigtermRestart shuts a replica down gracefully under load: it must
-// answer every request it accepted (and record every command it
-// forwarded) before it exits; clients get refused connections afterwards.
+// answer every request it accepted, and settle every command it
+// forwarded, before it exits; clients get refused connections afterwards.
+// Just before the signal the upstream turns slow or hanging for the
+// commands that reach it, so the replica drains calls that go on
+// detached: the slow ones answer within the shutdown budget and are
+// recorded, the hanging ones are cancelled at the budget's end and their
+// keys held. Neither may run again.
 func (c *chaos) sigtermRestart(ctx context.Context) {
 	s := c.nextKillable()
 	inst := s.current()
-	f := fault{Kind: "sigterm", Slot: s.idx, Start: time.Now(), Detail: fmt.Sprintf("gen %d pid %d", inst.gen, inst.cmd.Process.Pid)}
+	c.up.setMode(modeSlowOrHang)
+	sleep(ctx, upstreamTimeout/2)
+	c.up.setMode(modeNormal)
+	f := fault{Kind: "sigterm", Slot: s.idx, Start: time.Now(),
+		Detail: fmt.Sprintf("gen %d pid %d, upstream slow or hanging for the %s before it", inst.gen, inst.cmd.Process.Pid, upstreamTimeout/2)}
+	inst.mu.Lock()
+	inst.drainedUnderLoad = true
+	inst.mu.Unlock()
 	if err := inst.stop(30 * time.Second); err != nil {
 		c.fail(fmt.Errorf("sigterm: %w", err))
 	}

@@ -36,27 +36,48 @@ type answer struct {
 	kind      string
 	status    int
 	replayed  bool
-	commandID string
+	commandID string // the Idempotency-Command-Id header
 	problem   string // the problem type's slug, for application/problem+json
+	// problemCommand is the problem's command_id member: the command a
+	// 409 outcome-unknown, 502 or 504 is about.
+	problemCommand string
+	// hint is the X-Should-Retry header ("true", "false" or absent).
+	hint      string
 	err       error
 	slot, gen int
 }
 
 func (a answer) ok() bool { return a.kind == kindAnswered && a.status >= 200 && a.status <= 299 }
 
-// transient reports whether a client should retry after a: the answer
-// says "not now" or nothing definite came back.
+// transient reports whether a client should retry after a, as a careful
+// client does: what the answer's retry hint says, and without a hint (the
+// upstream's own answer) only after the upstream's 500, for which nothing
+// ran and the lock was released. No answer at all is retried.
 func (a answer) transient() bool {
 	if a.kind != kindAnswered {
 		return true
 	}
-	switch a.status {
-	case http.StatusConflict:
-		return a.problem == idemproxy.ProblemInProgress.Slug
-	case http.StatusInternalServerError:
-		return a.problem == "" // the upstream's own 500: nothing ran, the lock was released
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	switch a.hint {
+	case "true":
 		return true
+	case "false":
+		return false
+	}
+	return a.status == http.StatusInternalServerError && a.problem == ""
+}
+
+// held reports whether a says the key is held as outcome unknown: a 409
+// outcome-unknown, or the 502 or 504 of the attempt whose key was just
+// held (X-Should-Retry: false). A held key is final: no client retries it.
+func (a answer) held() bool {
+	if a.kind != kindAnswered {
+		return false
+	}
+	switch a.problem {
+	case idemproxy.ProblemOutcomeUnknown.Slug:
+		return a.status == http.StatusConflict
+	case idemproxy.ProblemUpstreamNoAnswer.Slug, idemproxy.ProblemUpstreamTimeout.Slug:
+		return a.hint == "false"
 	}
 	return false
 }
@@ -66,7 +87,11 @@ func (a answer) String() string {
 		return fmt.Sprintf("%s (replica %d gen %d): %v", a.kind, a.slot, a.gen, a.err)
 	}
 	if a.problem != "" {
-		return fmt.Sprintf("%d %s", a.status, a.problem)
+		s := fmt.Sprintf("%d %s", a.status, a.problem)
+		if a.held() && a.status != http.StatusConflict {
+			s += " (held)"
+		}
+		return s
 	}
 	return strconv.Itoa(a.status)
 }
@@ -84,6 +109,10 @@ type loadStats struct {
 	byStatus          map[string]int64 // "201", "409 in-progress", "201 replayed"
 	unansweredSamples []string
 	unexpected        []string // answers no client should get
+	// unheldNoAnswer are the commands answered 502 upstream-no-response
+	// with X-Should-Retry: true under hold: each key must have been
+	// impossible to hold (the replica logs so).
+	unheldNoAnswer []string
 }
 
 func (s *loadStats) note(a answer) {
@@ -113,6 +142,9 @@ func (s *loadStats) note(a answer) {
 		}
 		s.mu.Lock()
 		s.byStatus[label]++
+		if a.problem == idemproxy.ProblemUpstreamNoAnswer.Slug && a.hint == "true" {
+			s.unheldNoAnswer = append(s.unheldNoAnswer, a.problemCommand)
+		}
 		s.mu.Unlock()
 	}
 }
@@ -133,7 +165,11 @@ type keyResult struct {
 	Replayed          bool   // the 2xx was a replay
 	CommandID         string // of the 2xx
 	Last              string // the last answer, when !OK
-	Definite          bool   // !OK and the last answer was a definite HTTP error
+	Definite          bool   // !OK and the last answer was a definite HTTP error, not a held key
+	// Held is set when an answer said the key is held as outcome
+	// unknown (a final answer); HeldCommandID is the command it named.
+	Held          bool
+	HeldCommandID string
 	// ReplayCheck is set when the key was sent again after its 2xx:
 	// "ok" (replayed, same command id), "mismatch" (a 2xx that is not that
 	// replay), "failed" (no 2xx).
@@ -154,6 +190,9 @@ type loadOptions struct {
 	mixedFraction    float64 // keys sent alternately bare and as "quoted" strings
 	replayFraction   float64 // keys sent again after their 2xx
 	variantFraction  float64 // keys reused with another body after their 2xx
+	// release: the replicas run with IDEMPROXY_UNKNOWN_OUTCOME=release,
+	// so no key is ever held.
+	release bool
 }
 
 // client is one load goroutine working through its own keys.
@@ -201,14 +240,18 @@ func (c *client) runKey(kr *keyResult) {
 	if c.rng.Float64() < c.opts.hotFraction {
 		kr.Attempts++
 		for _, a := range c.burst(kr.Key, kr.Tenant, kr.Body) {
-			if a.ok() && !kr.OK {
-				kr.OK, kr.Replayed, kr.CommandID = true, a.replayed, a.commandID
-			}
-			if !a.ok() && !a.transient() {
+			switch {
+			case a.ok():
+				if !kr.OK {
+					kr.OK, kr.Replayed, kr.CommandID = true, a.replayed, a.commandID
+				}
+			case a.held():
+				kr.held(a)
+			case !a.transient():
 				c.stats.unexpectedAnswer(fmt.Sprintf("key %s/%s burst: %s", kr.Tenant, kr.Key, a))
 			}
 		}
-		if kr.OK {
+		if kr.OK || kr.Held {
 			return
 		}
 	}
@@ -226,6 +269,10 @@ func (c *client) runKey(kr *keyResult) {
 			return
 		}
 		kr.Last = a.String()
+		if a.held() {
+			kr.held(a)
+			return
+		}
 		if !a.transient() {
 			kr.Definite = true
 			c.stats.unexpectedAnswer(fmt.Sprintf("key %s/%s: %s", kr.Tenant, kr.Key, a))
@@ -235,6 +282,14 @@ func (c *client) runKey(kr *keyResult) {
 			return
 		}
 		c.sleep(&backoff)
+	}
+}
+
+// held notes that a said the key is held.
+func (kr *keyResult) held(a answer) {
+	kr.Last = a.String()
+	if !kr.Held || kr.HeldCommandID == "" {
+		kr.Held, kr.HeldCommandID = true, a.problemCommand
 	}
 }
 
@@ -258,6 +313,11 @@ func (c *client) replayCheck(kr *keyResult) {
 			}
 			return
 		}
+		if a.held() {
+			// Only a command whose record never landed runs again, and
+			// that run may end held.
+			kr.held(a)
+		}
 		if !a.transient() || time.Now().After(deadline) {
 			kr.ReplayCheck = "failed: " + a.String()
 			return
@@ -274,6 +334,9 @@ func (c *client) variant(kr *keyResult) {
 	body := strings.Replace(kr.Body, `"qty"`, `"variant":true,"qty"`, 1)
 	for {
 		a := c.do(c.pick(), kr.Key, kr.Tenant, body)
+		if a.held() {
+			kr.held(a)
+		}
 		if (a.kind == kindAnswered && !a.transient()) || time.Now().After(deadline) {
 			kr.Variant = a.String()
 			return
@@ -352,20 +415,23 @@ func (c *client) do(s *slot, keyHeader, tenant, body string) answer {
 	a.status = resp.StatusCode
 	a.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	a.commandID = resp.Header.Get("Idempotency-Command-Id")
+	a.hint = resp.Header.Get(idemproxy.HeaderShouldRetry)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt == "application/problem+json" {
 		var p struct {
-			Type string `json:"type"`
+			Type      string `json:"type"`
+			CommandID string `json:"command_id"`
 		}
 		if json.Unmarshal(data, &p) == nil {
 			a.problem = strings.TrimPrefix(p.Type, idemproxy.ProblemBase)
+			a.problemCommand = p.CommandID
 		}
 		if a.problem == "" {
 			a.problem = "unreadable-problem"
 		}
 	}
 	c.stats.note(a)
-	if msg := checkAnswer(a, resp.Header, mt, data); msg != "" {
+	if msg := checkAnswer(a, resp.Header, mt, data, c.opts.release); msg != "" {
 		c.stats.unexpectedAnswer(fmt.Sprintf("key %s/%s: %s: %s", tenant, keyHeader, a, msg))
 	}
 	return a
@@ -374,8 +440,14 @@ func (c *client) do(s *slot, keyHeader, tenant, body string) answer {
 // checkAnswer checks what every answer of its kind must carry: a
 // first-time 2xx is the upstream's answer to the command it names; a
 // replay names a command; 409 in progress and 503 say when to retry, in
-// whole seconds, at most the lease for an in-flight lock.
-func checkAnswer(a answer, h http.Header, mediaType string, body []byte) string {
+// whole seconds, at most the lease for an in-flight lock; every problem
+// idemproxy answers carries the retry hints of docs/retries.md "Retry
+// hints", and the upstream's answers and their replays carry none. Under
+// release no key is ever held.
+func checkAnswer(a answer, h http.Header, mediaType string, body []byte, release bool) string {
+	if a.kind != kindAnswered {
+		return ""
+	}
 	switch {
 	case a.ok() && a.replayed:
 		if a.commandID == "" {
@@ -400,12 +472,61 @@ func checkAnswer(a answer, h http.Header, mediaType string, body []byte) string 
 		if a.status == http.StatusConflict && time.Duration(ra)*time.Second > lockTimeout {
 			return fmt.Sprintf("Retry-After %ds exceeds the %s lease", ra, lockTimeout)
 		}
-	case a.kind == kindAnswered && a.status >= 400 && a.status != http.StatusInternalServerError:
+	case a.status >= 400 && a.status != http.StatusInternalServerError:
 		if mediaType != "application/problem+json" {
 			return fmt.Sprintf("idemproxy error that is not application/problem+json (%s)", mediaType)
 		}
 	}
+	hint, stripe := h.Values(idemproxy.HeaderShouldRetry), h.Values(idemproxy.HeaderStripeShouldRetry)
+	if a.problem == "" {
+		// The upstream's own answer (2xx or 500), or a replay of one.
+		if len(hint) > 0 || len(stripe) > 0 {
+			return fmt.Sprintf("the upstream's answer or its replay carries retry hints (%s %q, %s %q)",
+				idemproxy.HeaderShouldRetry, hint, idemproxy.HeaderStripeShouldRetry, stripe)
+		}
+		return ""
+	}
+	if len(hint) != 1 || len(stripe) != 1 || hint[0] != stripe[0] || (hint[0] != "true" && hint[0] != "false") {
+		return fmt.Sprintf("retry hints %s %q, %s %q: want one of each, both true or both false",
+			idemproxy.HeaderShouldRetry, hint, idemproxy.HeaderStripeShouldRetry, stripe)
+	}
+	want := wantHint(a.problem, release)
+	if want != "" && hint[0] != want {
+		return fmt.Sprintf("%s: %s, want %s", idemproxy.HeaderShouldRetry, hint[0], want)
+	}
+	switch a.problem {
+	case idemproxy.ProblemOutcomeUnknown.Slug:
+		if release {
+			return "a held key under IDEMPROXY_UNKNOWN_OUTCOME=release"
+		}
+		if a.problemCommand == "" {
+			return "outcome-unknown without command_id"
+		}
+	case idemproxy.ProblemUpstreamNoAnswer.Slug, idemproxy.ProblemUpstreamTimeout.Slug:
+		if a.problemCommand == "" {
+			return "a command sent and not answered, without command_id"
+		}
+	}
 	return ""
+}
+
+// wantHint is the X-Should-Retry a problem answered to a checked request
+// must carry (docs/retries.md "Retry hints"), or "" when either may: a 502
+// upstream-no-response or 504 upstream-timeout says false when its key
+// was held and true when its call goes on (detached) or the key could not
+// be held; the analysis checks which.
+func wantHint(problem string, release bool) string {
+	switch problem {
+	case idemproxy.ProblemInProgress.Slug, idemproxy.ProblemStoreUnavailable.Slug, idemproxy.ProblemStoreFull.Slug,
+		idemproxy.ProblemBufferedFull.Slug, idemproxy.ProblemBodyTimeout.Slug, idemproxy.ProblemUpstreamUnreached.Slug:
+		return "true"
+	case idemproxy.ProblemUpstreamNoAnswer.Slug, idemproxy.ProblemUpstreamTimeout.Slug:
+		if release {
+			return "true"
+		}
+		return ""
+	}
+	return "false"
 }
 
 // isDialError reports an error from before a connection existed.

@@ -18,7 +18,10 @@
 // both); FAULT_SOAK=1 is -soak; FAULT_DURATION (a Go duration) sets
 // how long the load runs; FAULT_MIN_REQUESTS the least number of keyed
 // requests sent before it stops; FAULT_CLIENTS the number of client
-// goroutines; FAULT_SEED the random seed; FAULT_REPORT=path writes the JSON
+// goroutines; FAULT_SEED the random seed; FAULT_UNKNOWN_OUTCOME=release
+// runs the replicas with IDEMPROXY_UNKNOWN_OUTCOME=release (no key held: an
+// unknown outcome explains a later duplicate, as before held keys
+// existed; hold is the default); FAULT_REPORT=path writes the JSON
 // report there (with the store's name before the extension when
 // FAULT_STORE names several); FAULT_LOGDIR=dir keeps every replica's full
 // log in dir/<store>/. TEST_DATABASE_URL names the Postgres (see

@@ -53,6 +53,9 @@ type instance struct {
 	stopped  bool      // we SIGTERMed or SIGKILLed it
 	metrics  map[string]float64
 	stderr   bytes.Buffer
+	// drainedUnderLoad: the chaos loop SIGTERMed it while commands were
+	// on, so its last scrape of /metrics precedes what its drain settled.
+	drainedUnderLoad bool
 
 	done    chan struct{} // closed once it exited and its output is read
 	exitErr error
@@ -68,6 +71,9 @@ type logStats struct {
 	recordFailed map[string]time.Time // command_id → when RECORD WRITE FAILED was logged
 	lockLost     map[string]time.Time // command_id → when "lock expired and was claimed again" was logged
 	upstreamErr  map[string]bool      // command_ids whose request ended with outcome upstream_error
+	held         map[string]time.Time // command_id → when "outcome unknown: key held" was logged
+	notHeld      map[string]time.Time // command_id → when "outcome unknown and the key could not be held" was logged
+	budgetEnded  int                  // "shutdown budget ended with detached upstream calls still on" lines
 	errorLines   []string             // the first error-level lines, for the report
 }
 
@@ -105,6 +111,8 @@ func (s *slot) start() (*instance, error) {
 	inst.logs.recordFailed = map[string]time.Time{}
 	inst.logs.lockLost = map[string]time.Time{}
 	inst.logs.upstreamErr = map[string]bool{}
+	inst.logs.held = map[string]time.Time{}
+	inst.logs.notHeld = map[string]time.Time{}
 	cmd.Stderr = &syncWriter{mu: &inst.mu, w: &inst.stderr}
 	var logFile *os.File
 	if s.logDir != "" {
@@ -180,9 +188,20 @@ func waitReady(inst *instance, within time.Duration) error {
 	}
 }
 
+// What a replica logs about a command whose outcome it could not learn,
+// and about a shutdown whose budget ended with detached calls still on
+// (the beginnings of the messages).
+const (
+	msgHeld           = "outcome unknown: key held"
+	msgNotHeld        = "outcome unknown and the key could not be held"
+	msgBudgetEnded    = "shutdown budget ended with detached upstream calls still on"
+	stderrBudgetEnded = "shutdown: context deadline exceeded"
+)
+
 // readLogs reads the JSON log until the process's stdout closes. It keeps
 // only what the suite needs: the listen addresses, per-command record write
-// failures and lost locks, counts by message and the first error lines.
+// failures, lost locks and unknown outcomes (key held or not), shutdown
+// budgets that ended, counts by message and the first error lines.
 func (inst *instance) readLogs(r io.Reader, copyTo io.Writer, listening chan<- [2]string) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var bw *bufio.Writer
@@ -236,6 +255,12 @@ func (inst *instance) readLogs(r io.Reader, copyTo io.Writer, listening chan<- [
 						inst.logs.recordFailed[m.CommandID] = m.Time
 					case strings.HasPrefix(m.Msg, "record not written: the lock expired"):
 						inst.logs.lockLost[m.CommandID] = m.Time
+					case strings.HasPrefix(m.Msg, msgHeld):
+						inst.logs.held[m.CommandID] = m.Time
+					case strings.HasPrefix(m.Msg, msgNotHeld):
+						inst.logs.notHeld[m.CommandID] = m.Time
+					case strings.HasPrefix(m.Msg, msgBudgetEnded):
+						inst.logs.budgetEnded++
 					}
 					// A few examples of each kind of error line.
 					if m.Level == "ERROR" && inst.logs.byMsg[m.Level+" "+m.Msg] <= 3 {
@@ -310,7 +335,9 @@ func (inst *instance) kill() {
 }
 
 // stop scrapes /metrics, then sends SIGTERM and waits for the drain; after
-// within it kills.
+// within it kills. A replica whose shutdown budget ended with detached
+// calls still on cancels them, holds their keys and exits with an error
+// saying so: that is a clean shutdown too (budgetEnded tells).
 func (inst *instance) stop(within time.Duration) error {
 	if inst.exited() {
 		return nil
@@ -323,7 +350,7 @@ func (inst *instance) stop(within time.Duration) error {
 	_ = inst.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-inst.done:
-		if inst.exitErr != nil {
+		if inst.exitErr != nil && !inst.budgetEnded() {
 			return fmt.Errorf("replica %d gen %d: exit after SIGTERM: %v: %s", inst.slot, inst.gen, inst.exitErr, inst.stderrText())
 		}
 		return nil
@@ -332,6 +359,15 @@ func (inst *instance) stop(within time.Duration) error {
 		<-inst.done
 		return fmt.Errorf("replica %d gen %d: no exit within %s of SIGTERM", inst.slot, inst.gen, within)
 	}
+}
+
+// budgetEnded reports whether the instance's shutdown budget ended with
+// detached calls still on: it logged so, and exited saying so.
+func (inst *instance) budgetEnded() bool {
+	inst.logs.mu.Lock()
+	n := inst.logs.budgetEnded
+	inst.logs.mu.Unlock()
+	return n > 0 && strings.Contains(inst.stderrText(), stderrBudgetEnded)
 }
 
 // scrape keeps the instance's current /metrics; a process that does not

@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,18 +24,40 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // The replicas' timeouts: short, so that leases end and faults heal many
-// times within a run.
+// times within a run. An upstream call goes on detached past the upstream
+// timeout until the command timeout; a duplicate waits for the original
+// for less than that; a SIGTERMed replica's shutdown budget ends before
+// the command timeout, so a drain stays short and the calls still on at
+// its end are cancelled (their keys held).
 const (
 	upstreamTimeout  = time.Second
+	commandTimeout   = 5 * time.Second
+	inFlightWait     = 2 * time.Second
+	shutdownTimeout  = 4 * time.Second
 	lockTimeout      = 3 * time.Second
 	storeTimeout     = time.Second
 	statementTimeout = 800 * time.Millisecond
 	replicas         = 3
 	tenantCount      = 4
 )
+
+// unknownOutcome is the replicas' IDEMPROXY_UNKNOWN_OUTCOME:
+// FAULT_UNKNOWN_OUTCOME, hold (the default) or release.
+func unknownOutcome(t *testing.T) string {
+	switch v := os.Getenv("FAULT_UNKNOWN_OUTCOME"); v {
+	case "", "hold":
+		return "hold"
+	case "release":
+		return v
+	default:
+		t.Fatalf("FAULT_UNKNOWN_OUTCOME: want hold or release, got %q", v)
+		return ""
+	}
+}
 
 // plan is the size of a run.
 type plan struct {
@@ -92,8 +116,9 @@ func TestFaultAndLoad(t *testing.T) { forEachStore(t, testFaultAndLoad) }
 
 func testFaultAndLoad(t *testing.T, b *backend) {
 	p := makePlan(t)
-	t.Logf("plan: store=%s soak=%v duration>=%s requests>=%d clients=%d warm-up=%s seed=%d (FAULT_SEED to repeat the schedule)",
-		b.name, p.soak, p.duration, p.minRequests, p.clients, p.warmUp, p.seed)
+	outcome := unknownOutcome(t)
+	t.Logf("plan: store=%s soak=%v duration>=%s requests>=%d clients=%d warm-up=%s unknown-outcome=%s seed=%d (FAULT_SEED to repeat the schedule)",
+		b.name, p.soak, p.duration, p.minRequests, p.clients, p.warmUp, outcome, p.seed)
 
 	tenants := make([]string, tenantCount)
 	for i := range tenants {
@@ -101,7 +126,7 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 	t.Cleanup(func() { b.clean(t, tenants) })
 
-	up, err := newUpstream(replicas, upstreamTimeout, p.seed)
+	up, err := newUpstream(replicas, upstreamTimeout, commandTimeout, p.seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +141,10 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	// of its routes, so every keyed request goes through a route's policy
 	// (the same settings as the variables, its own command type).
 	routesFile := filepath.Join(t.TempDir(), "routes.yaml")
-	if err := os.WriteFile(routesFile, []byte(faultRoutes), 0o600); err != nil {
+	if err := os.WriteFile(routesFile, []byte(faultRoutes(outcome)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	adminToken := "faultsuite-" + uuid.NewString()
 	slots := make([]*slot, replicas)
 	for i := range slots {
 		st := faultnet.New(b.addr())
@@ -129,8 +155,13 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 			"IDEMPROXY_ADMIN_ADDR=127.0.0.1:0",
 			"IDEMPROXY_UPSTREAM_URL=http://" + upn.Addr(),
 			"IDEMPROXY_UPSTREAM_TIMEOUT=" + upstreamTimeout.String(),
+			"IDEMPROXY_COMMAND_TIMEOUT=" + commandTimeout.String(),
+			"IDEMPROXY_IN_FLIGHT_WAIT=" + inFlightWait.String(),
+			"IDEMPROXY_SHUTDOWN_TIMEOUT=" + shutdownTimeout.String(),
+			"IDEMPROXY_UNKNOWN_OUTCOME=" + outcome,
 			"IDEMPROXY_LOCK_TIMEOUT=" + lockTimeout.String(),
 			"IDEMPROXY_STORE_TIMEOUT=" + storeTimeout.String(),
+			"IDEMPROXY_ADMIN_TOKEN=" + adminToken,
 			"IDEMPROXY_LOG_LEVEL=info",
 			"IDEMPROXY_ROUTES_FILE=" + routesFile,
 		}, b.env(st.Addr())...)}
@@ -178,6 +209,7 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 		mixedFraction:    0.10,
 		replayFraction:   0.25,
 		variantFraction:  0.03,
+		release:          outcome == "release",
 	}
 	clients := make([]*client, p.clients)
 	for i := range clients {
@@ -243,6 +275,14 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 	drainTime := time.Since(loadStart) - loadTime
 
+	// Every key a client saw held, as the admin API of the replica that
+	// lived through the run shows it.
+	var results []*keyResult
+	for _, c := range clients {
+		results = append(results, c.results...)
+	}
+	held := heldViews(slots[0].current(), adminToken, results)
+
 	// Idle: the replicas' goroutines should settle back.
 	time.Sleep(2 * time.Second)
 	idle := map[*instance]memSample{}
@@ -263,13 +303,16 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 
 	// Evidence and verdict.
-	ev := &evidence{lease: lockTimeout, faults: ch.faultList(),
-		recordFailed: map[string]bool{}, lockLost: map[string]bool{}, upstreamError: map[string]bool{}}
+	ev := &evidence{lease: lockTimeout, release: outcome == "release", faults: ch.faultList(),
+		recordFailed: map[string]bool{}, lockLost: map[string]bool{}, upstreamError: map[string]bool{},
+		held: map[string]bool{}, notHeld: map[string]bool{}}
 	rep := &report{
 		Store: b.name, Soak: p.soak, Seed: p.seed, Replicas: replicas, Clients: p.clients, Tenants: tenantCount,
 		LoadSeconds: loadTime.Seconds(), DrainSeconds: drainTime.Seconds(),
 		Settings: map[string]string{
-			"IDEMPROXY_UPSTREAM_TIMEOUT": upstreamTimeout.String(), "IDEMPROXY_LOCK_TIMEOUT": lockTimeout.String(),
+			"IDEMPROXY_UPSTREAM_TIMEOUT": upstreamTimeout.String(), "IDEMPROXY_COMMAND_TIMEOUT": commandTimeout.String(),
+			"IDEMPROXY_IN_FLIGHT_WAIT": inFlightWait.String(), "IDEMPROXY_SHUTDOWN_TIMEOUT": shutdownTimeout.String(),
+			"IDEMPROXY_UNKNOWN_OUTCOME": outcome, "IDEMPROXY_LOCK_TIMEOUT": lockTimeout.String(),
 			"IDEMPROXY_STORE_TIMEOUT": storeTimeout.String(),
 		},
 		FaultCounts: map[string]int{},
@@ -292,21 +335,45 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 			for id := range inst.logs.upstreamErr {
 				ev.upstreamError[id] = true
 			}
+			for id := range inst.logs.held {
+				ev.held[id] = true
+			}
+			for id := range inst.logs.notHeld {
+				ev.notHeld[id] = true
+			}
 			for m, n := range inst.logs.byMsg {
 				rep.LogMessages[m] += n
 			}
 			rep.ErrorLogSamples = append(rep.ErrorLogSamples, inst.logs.errorLines...)
 			rep.RecordWriteFailuresLogged += len(inst.logs.recordFailed)
 			rep.LockLostLogged += len(inst.logs.lockLost)
+			rep.HeldLogged += len(inst.logs.held)
+			rep.NotHeldLogged += len(inst.logs.notHeld)
+			rep.ShutdownBudgetEnded += inst.logs.budgetEnded
+			// A held key that could not be written counts as a record
+			// write failure.
+			failuresLogged := float64(len(inst.logs.recordFailed) + len(inst.logs.notHeld))
+			unknownLogged := float64(len(inst.logs.held) + len(inst.logs.notHeld))
 			inst.logs.mu.Unlock()
+			// Every failure is both logged and counted, and so is every
+			// unknown outcome under hold; the last scrape of a SIGKILLed
+			// replica, or of one SIGTERMed under load (taken before its
+			// drain), may miss the last few.
+			_, killed := inst.killed()
+			inst.mu.Lock()
+			exact := !killed && !inst.drainedUnderLoad
+			inst.mu.Unlock()
 			metric := inst.metric("idemproxy_record_write_failures_total")
 			rep.RecordWriteFailuresMetric += metric
-			// Every failure is both logged and counted; a SIGKILLed
-			// replica's last scrape may miss the last few.
-			logged := float64(len(inst.logs.recordFailed))
-			if _, killed := inst.killed(); metric > logged || (!killed && metric != logged) {
+			if metric > failuresLogged || (exact && metric != failuresLogged) {
 				rep.RecordWriteFailureMismatch = append(rep.RecordWriteFailureMismatch,
-					fmt.Sprintf("replica %d gen %d: %v logged, %v counted", inst.slot, inst.gen, logged, metric))
+					fmt.Sprintf("replica %d gen %d: %v logged, %v counted", inst.slot, inst.gen, failuresLogged, metric))
+			}
+			unknown := inst.metric(`idemproxy_unknown_outcomes_total{route="POST /orders"}`)
+			rep.UnknownOutcomesMetric += unknown
+			if outcome == "hold" && (unknown > unknownLogged || (exact && unknown != unknownLogged)) {
+				rep.UnknownOutcomeMismatch = append(rep.UnknownOutcomeMismatch,
+					fmt.Sprintf("replica %d gen %d: %v logged, %v counted", inst.slot, inst.gen, unknownLogged, unknown))
 			}
 			rep.LockLostMetric += inst.metric("idemproxy_lock_lost_total")
 			rep.RouteForwarded += inst.metric(`idemproxy_requests_total{outcome="forwarded",route="POST /orders"}`)
@@ -321,17 +388,16 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 
 	execs, byCmd := up.snapshot()
-	var results []*keyResult
 	ids := slices.Collect(maps.Keys(execs))
-	for _, c := range clients {
-		results = append(results, c.results...)
-		for _, kr := range c.results {
-			ids = append(ids, keyID(kr.Tenant, kr.Key))
-		}
+	for _, kr := range results {
+		ids = append(ids, keyID(kr.Tenant, kr.Key))
 	}
 	slices.Sort(ids)
 	rows := b.rows(t, tenants, slices.Compact(ids))
-	v := judge(execs, byCmd, results, rows, ev)
+	stats.mu.Lock()
+	unheldNoAnswer := stats.unheldNoAnswer
+	stats.mu.Unlock()
+	v := judge(execs, byCmd, results, rows, held, unheldNoAnswer, ev)
 	rep.Verdict = v
 	rep.Requests = stats.requests.Load()
 	rep.RequestsPerSecond = float64(rep.Requests) / (loadTime + drainTime).Seconds()
@@ -365,7 +431,7 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	// The verdict.
 	if v.UnexplainedDuplicates > 0 {
 		b, _ := json.MarshalIndent(v.Unexplained[:min(10, len(v.Unexplained))], "", "  ")
-		t.Errorf("%d unexplained duplicate executions (the upstream ran a command twice with no crash, unknown outcome or failed record write to explain it); the first ones:\n%s",
+		t.Errorf("%d unexplained duplicate executions (the upstream ran a command twice with no crash, key that could not be held or failed record write to explain it); the first ones:\n%s",
 			v.UnexplainedDuplicates, b)
 	}
 	if v.EarlyDuplicates > 0 {
@@ -406,7 +472,10 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 		t.Errorf("%d keyed requests reached the upstream without X-Tenant-ID or Idempotency-Command-Id", up.malformed.Load())
 	}
 	if len(rep.RecordWriteFailureMismatch) > 0 {
-		t.Errorf("RECORD WRITE FAILED log lines and idemproxy_record_write_failures_total disagree: %q", rep.RecordWriteFailureMismatch)
+		t.Errorf("RECORD WRITE FAILED and key-not-held log lines and idemproxy_record_write_failures_total disagree: %q", rep.RecordWriteFailureMismatch)
+	}
+	if len(rep.UnknownOutcomeMismatch) > 0 {
+		t.Errorf("outcome-unknown log lines (key held, key not held) and idemproxy_unknown_outcomes_total disagree: %q", rep.UnknownOutcomeMismatch)
 	}
 	if len(rep.RecordWriteFailuresOutsideStoreFaults) > 0 {
 		t.Errorf("record writes failed while no store fault was on: %q", rep.RecordWriteFailuresOutsideStoreFaults)
@@ -422,14 +491,17 @@ func testFaultAndLoad(t *testing.T, b *backend) {
 	}
 }
 
-// outsideStoreFaults lists record write failures logged when no store
-// fault on that replica had been on within the few seconds before.
+// outsideStoreFaults lists record write failures (and keys that could not
+// be held) logged when no store fault on that replica had been on within
+// the few seconds before.
 func outsideStoreFaults(slots []*slot, faults []fault) []string {
 	var out []string
 	for _, s := range slots {
 		for _, inst := range s.instances() {
 			inst.logs.mu.Lock()
-			for id, at := range inst.logs.recordFailed {
+			failed := maps.Clone(inst.logs.recordFailed)
+			maps.Copy(failed, inst.logs.notHeld)
+			for id, at := range failed {
 				near := false
 				for _, f := range faults {
 					if !strings.HasPrefix(f.Kind, "store-") || (f.Slot != -1 && f.Slot != s.idx) {
@@ -556,6 +628,16 @@ type report struct {
 	RecordWriteFailuresOutsideStoreFaults []string `json:"record_write_failures_outside_store_faults,omitempty"`
 	LockLostLogged                        int      `json:"lock_lost_logged"`
 	LockLostMetric                        float64  `json:"lock_lost_metric"`
+	// HeldLogged and NotHeldLogged count the commands whose outcome was
+	// unknown, by whether their key was held; UnknownOutcomesMetric is
+	// idemproxy_unknown_outcomes_total of the load's route.
+	HeldLogged             int      `json:"outcome_unknown_held_logged"`
+	NotHeldLogged          int      `json:"outcome_unknown_not_held_logged"`
+	UnknownOutcomesMetric  float64  `json:"unknown_outcomes_metric"`
+	UnknownOutcomeMismatch []string `json:"unknown_outcomes_log_metric_mismatch,omitempty"`
+	// ShutdownBudgetEnded counts the SIGTERMed replicas whose shutdown
+	// budget ended with detached calls still on (cancelled, keys held).
+	ShutdownBudgetEnded int `json:"shutdown_budget_ended_with_detached_calls"`
 	// RouteForwarded counts the commands forwarded under the routes
 	// file's POST /orders route (idemproxy_requests_total{route}).
 	RouteForwarded float64 `json:"route_forwarded"`
@@ -574,10 +656,13 @@ type report struct {
 func (r *report) summary() string {
 	v := r.Verdict
 	var b strings.Builder
-	fmt.Fprintf(&b, "fault suite (store=%s, soak=%v): %d keyed requests in %.0fs (+%.0fs drain, %.0f/s) over %d replicas (%d processes), %d clients, %d tenants",
-		r.Store, r.Soak, r.Requests, r.LoadSeconds, r.DrainSeconds, r.RequestsPerSecond, r.Replicas, r.Instances, r.Clients, r.Tenants)
-	fmt.Fprintf(&b, "; %d keys (%d got 2xx: %d first-time, %d replayed; %d without 2xx, %d of them definite errors)",
-		v.Keys, v.KeysOK, v.KeysFirstTime2xx, v.KeysReplayed2xx, v.KeysFailed, v.KeysFailedDefinite)
+	fmt.Fprintf(&b, "fault suite (store=%s, soak=%v, unknown outcome=%s): %d keyed requests in %.0fs (+%.0fs drain, %.0f/s) over %d replicas (%d processes), %d clients, %d tenants",
+		r.Store, r.Soak, r.Settings["IDEMPROXY_UNKNOWN_OUTCOME"], r.Requests, r.LoadSeconds, r.DrainSeconds, r.RequestsPerSecond, r.Replicas, r.Instances, r.Clients, r.Tenants)
+	fmt.Fprintf(&b, "; %d keys (%d got 2xx: %d first-time, %d replayed; %d HELD as outcome unknown; %d neither, %d of them definite errors)",
+		v.Keys, v.KeysOK, v.KeysFirstTime2xx, v.KeysReplayed2xx, v.KeysHeld, v.KeysFailed, v.KeysFailedDefinite)
+	fmt.Fprintf(&b, "; held keys: %d confirmed held through the admin API, %d in the store, executed 0/1/more (explained) times: %d/%d/%d, %d held after a 2xx whose record was lost; outcome unknown logged %d held / %d not held, %v counted; %d shutdown budgets ended with detached calls",
+		v.KeysHeldConfirmed, v.HeldInStore, v.HeldNotExecuted, v.HeldExecutedOnce, v.HeldExecutedMore, v.HeldAfter2xx,
+		r.HeldLogged, r.NotHeldLogged, r.UnknownOutcomesMetric, r.ShutdownBudgetEnded)
 	fmt.Fprintf(&b, "; %d upstream executions of %d keys, %d keys ran more than once: %d explained duplicates %v, %d UNEXPLAINED, %d inside a lease, %d same command twice",
 		v.Executions, v.KeysExecuted, v.KeysExecutedTwicePlus, v.ExplainedDuplicates, v.ExplainedByReason,
 		v.UnexplainedDuplicates, v.EarlyDuplicates, v.SameCommandTwice)
@@ -586,8 +671,8 @@ func (r *report) summary() string {
 		v.Variants, v.Variants422, v.VariantsRanExplained)
 	fmt.Fprintf(&b, "; client gave up %d, transport errors from killed replicas %d, refused by stopped replicas %d, UNANSWERED %d",
 		r.GaveUp, r.KillErrors, r.StopRefusals, r.Unanswered)
-	fmt.Fprintf(&b, "; record write failures %d logged / %v metric, locks lost %d / %v (%d of them false alarms: the command ran once and its record is there); faults %v",
-		r.RecordWriteFailuresLogged, r.RecordWriteFailuresMetric, r.LockLostLogged, r.LockLostMetric, r.Verdict.LockLostFalseAlarms, r.FaultCounts)
+	fmt.Fprintf(&b, "; record write failures %d logged (+%d keys not held) / %v metric, locks lost %d / %v (%d of them false alarms: the command ran once and its record is there); faults %v",
+		r.RecordWriteFailuresLogged, r.NotHeldLogged, r.RecordWriteFailuresMetric, r.LockLostLogged, r.LockLostMetric, r.Verdict.LockLostFalseAlarms, r.FaultCounts)
 	for _, m := range r.Memory {
 		idle := ""
 		if m.GoroutineIdle != nil {
@@ -610,13 +695,17 @@ func (r *report) summary() string {
 }
 
 // faultRoutes is the replicas' routes file: the load's POST /orders with
-// the variables' lease and upstream timeout and a command type of its
-// own, among routes the load never matches.
-var faultRoutes = fmt.Sprintf(`routes:
+// the variables' lease, timeouts, wait and unknown-outcome policy and a
+// command type of its own, among routes the load never matches.
+func faultRoutes(unknownOutcome string) string {
+	return fmt.Sprintf(`routes:
   - match: "POST /orders"
     command: CreateOrder
     lock_timeout: %s
     upstream_timeout: %s
+    command_timeout: %s
+    in_flight_wait: %s
+    unknown_outcome: %s
   - match: "POST /orders/{id}/cancel"
     mode: strict
     require_key: true
@@ -624,4 +713,51 @@ var faultRoutes = fmt.Sprintf(`routes:
     idempotency: "off"
   - match: "POST /webhooks/{source}"
     key: "json:/id"
-`, lockTimeout, upstreamTimeout)
+`, lockTimeout, upstreamTimeout, commandTimeout, inFlightWait, unknownOutcome)
+}
+
+// heldViews looks up, through the admin API of inst, each key a client
+// saw held.
+func heldViews(inst *instance, token string, results []*keyResult) map[string]heldView {
+	out := map[string]heldView{}
+	transport := &http.Transport{}
+	defer transport.CloseIdleConnections()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: transport}
+	for _, kr := range results {
+		id := keyID(kr.Tenant, kr.Key)
+		if _, done := out[id]; kr.Held && !done {
+			out[id] = lookupKey(hc, inst, token, kr.Tenant, kr.Key)
+		}
+	}
+	return out
+}
+
+// lookupKey is GET /v1/keys?tenant=T&key=K on inst's admin listener.
+func lookupKey(hc *http.Client, inst *instance, token, tenant, key string) heldView {
+	if inst == nil {
+		return heldView{err: "no replica to ask"}
+	}
+	q := url.Values{"tenant": {tenant}, "key": {key}}
+	req, err := http.NewRequest(http.MethodGet, "http://"+inst.admin+"/v1/keys?"+q.Encode(), nil)
+	if err != nil {
+		return heldView{err: err.Error()}
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return heldView{err: err.Error()}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return heldView{err: err.Error()}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return heldView{err: fmt.Sprintf("%s: %s", resp.Status, body)}
+	}
+	var kv proxy.KeyView
+	if err := json.Unmarshal(body, &kv); err != nil {
+		return heldView{err: fmt.Sprintf("%v: %s", err, body)}
+	}
+	return heldView{state: kv.State, commandID: kv.CommandID}
+}

@@ -29,16 +29,28 @@ const (
 	// database between claim and complete, or to kill the replica.
 	modeDelay
 	// modeSlow executes and answers only after the proxy's upstream
-	// timeout: the proxy answers 504 and cannot know the outcome.
+	// timeout, well within its command timeout: the proxy answers 504 at
+	// once, the call goes on detached and its outcome is recorded.
 	modeSlow
 	// modeReset executes, then resets the connection (SO_LINGER 0)
 	// without answering: the proxy answers 502 and cannot know the outcome.
 	modeReset
 	// mode5xx answers 500 without executing.
 	mode5xx
+	// modeHang executes and would answer only after the proxy's command
+	// timeout: the proxy answers 504 at once, and the detached call ends
+	// at the command timeout (or at the end of a shutdown budget) with its
+	// outcome unknown.
+	modeHang
+	// modeSlowOrHang is modeSlow or modeHang, at random for each request.
+	modeSlowOrHang
+	// modeDelayReset executes, waits as modeDelay does, then resets the
+	// connection without answering: the command is in flight long enough
+	// to cut the store before its outcome (unknown) is to be held.
+	modeDelayReset
 )
 
-var modeNames = [...]string{"normal", "delay", "slow", "reset", "5xx"}
+var modeNames = [...]string{"normal", "delay", "slow", "reset", "5xx", "hang", "slow-or-hang", "delay-reset"}
 
 func (m upMode) String() string { return modeNames[m] }
 
@@ -65,6 +77,7 @@ type upstream struct {
 	mode      atomic.Int32
 	delay     time.Duration
 	slowFor   time.Duration
+	hangFor   time.Duration
 	closed    atomic.Bool
 	rngMu     sync.Mutex
 	rng       *rand.Rand
@@ -79,11 +92,14 @@ type upstream struct {
 
 type slotKey struct{}
 
-func newUpstream(replicas int, upstreamTimeout time.Duration, seed uint64) (*upstream, error) {
+// newUpstream listens once per replica. Its slow answers come after
+// upstreamTimeout, its hanging ones after commandTimeout.
+func newUpstream(replicas int, upstreamTimeout, commandTimeout time.Duration, seed uint64) (*upstream, error) {
 	u := &upstream{
 		slotOf:  map[string]int{},
 		delay:   upstreamTimeout * 6 / 10,
 		slowFor: upstreamTimeout + 500*time.Millisecond,
+		hangFor: commandTimeout + time.Second,
 		rng:     rand.New(rand.NewPCG(seed, 0x5eed)),
 		execs:   map[string][]*execution{},
 		byCmd:   map[string]int{},
@@ -158,6 +174,15 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if mode == modeSlowOrHang {
+		mode = modeSlow
+		u.rngMu.Lock()
+		if u.rng.IntN(2) == 0 {
+			mode = modeHang
+		}
+		u.rngMu.Unlock()
+	}
+
 	// The command takes effect here, whatever happens to the answer.
 	slot, _ := r.Context().Value(slotKey{}).(int)
 	e := &execution{Tenant: tenant, Key: key, CommandID: cmdID, Body: string(body), Slot: slot,
@@ -183,10 +208,12 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if p < 4 {
 			wait = 250 * time.Millisecond
 		}
-	case modeDelay:
+	case modeDelay, modeDelayReset:
 		wait = u.delay
 	case modeSlow:
 		wait = u.slowFor
+	case modeHang:
+		wait = u.hangFor
 	case modeReset:
 		reset(w)
 		return
@@ -200,6 +227,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The proxy gave up (or was killed); the command ran anyway.
 			return
 		}
+	}
+	if mode == modeDelayReset {
+		reset(w)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/orders/"+cmdID)
