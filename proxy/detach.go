@@ -63,15 +63,14 @@ func (t detaching) RoundTrip(req *http.Request) (*http.Response, error) {
 	default:
 	}
 	cmd.Detach()
-	t.p.detached.add(cmd)
-	go t.p.settleDetached(cmd, req, done)
+	go t.p.settleDetached(cmd, req, done, t.p.calls.detach(cmd))
 	return nil, errDetached
 }
 
 // settleDetached waits for a detached call's outcome, settles its
 // command as the reverse proxy would have, and finishes it.
-func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done <-chan roundTrip) {
-	defer p.detached.done(cmd)
+func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done <-chan roundTrip, untrack func()) {
+	defer untrack()
 	defer cmd.Finish()
 	ri := idempotency.InfoFrom(req.Context())
 	ctx := context.WithoutCancel(req.Context())
@@ -98,53 +97,103 @@ func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done
 // after its record is written, so that its connection may be reused.
 const drainLimit = 256 << 10
 
-// detachedCalls tracks the detached calls, for a shutdown to drain.
-type detachedCalls struct {
+// calls tracks the keyed commands the proxy forwards, live (their client
+// waits) and detached (their client was answered), for a shutdown to
+// wait for them and, when its budget ends, to cancel those still on: each
+// then settles as an unknown outcome (held, unless UnknownOutcome is
+// release) before the store closes.
+type calls struct {
 	metrics *Metrics
-	mu      sync.Mutex
-	calls   map[*idempotency.Attempt]struct{}
-	wg      sync.WaitGroup
+	// stop ends with the shutdown budget; it cancels every call.
+	stop   context.Context
+	cancel context.CancelFunc
+
+	mu             sync.Mutex
+	live, detached int
+	idle           chan struct{} // closed when no call is left, while draining
 }
 
-func (d *detachedCalls) add(cmd *idempotency.Attempt) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.calls == nil {
-		d.calls = map[*idempotency.Attempt]struct{}{}
+func newCalls(metrics *Metrics) *calls {
+	c := &calls{metrics: metrics}
+	c.stop, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// begin tracks cmd, forwarded now with its client waiting, until the
+// function it returns is called.
+func (c *calls) begin(cmd *idempotency.Attempt) (end func()) {
+	c.mu.Lock()
+	c.live++
+	c.mu.Unlock()
+	unregister := context.AfterFunc(c.stop, cmd.Cancel)
+	return func() {
+		unregister()
+		c.mu.Lock()
+		c.live--
+		c.settledLocked()
+		c.mu.Unlock()
 	}
-	d.calls[cmd] = struct{}{}
-	d.wg.Add(1)
-	d.metrics.DetachedCalls.Inc()
 }
 
-func (d *detachedCalls) done(cmd *idempotency.Attempt) {
-	d.mu.Lock()
-	delete(d.calls, cmd)
-	d.mu.Unlock()
-	d.metrics.DetachedCalls.Dec()
-	d.wg.Done()
+// detach tracks cmd, whose call goes on after its client was answered,
+// until the function it returns is called.
+func (c *calls) detach(cmd *idempotency.Attempt) (end func()) {
+	c.mu.Lock()
+	c.detached++
+	c.mu.Unlock()
+	c.metrics.DetachedCalls.Inc()
+	unregister := context.AfterFunc(c.stop, cmd.Cancel)
+	return func() {
+		unregister()
+		c.metrics.DetachedCalls.Dec()
+		c.mu.Lock()
+		c.detached--
+		c.settledLocked()
+		c.mu.Unlock()
+	}
 }
 
-// Drain waits until every detached upstream call has ended and its
-// command is settled. When ctx ends first, the calls still on are
-// cancelled: each is then settled as an unknown outcome (held, unless
-// UnknownOutcome is release) before Drain returns ctx's error. Call it
-// after the server in front of the proxy has shut down, and before Close.
+// settledLocked closes idle once no call is left. The caller holds mu.
+func (c *calls) settledLocked() {
+	if c.idle != nil && c.live+c.detached == 0 {
+		close(c.idle)
+		c.idle = nil
+	}
+}
+
+// wait returns a channel closed once no call is left.
+func (c *calls) wait() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	done := make(chan struct{})
+	if c.live+c.detached == 0 {
+		close(done)
+		return done
+	}
+	if c.idle == nil {
+		c.idle = make(chan struct{})
+	}
+	return c.idle
+}
+
+// Drain waits until every keyed command the proxy forwarded, detached
+// upstream calls included, has ended and is settled. When ctx ends first,
+// the calls still on are cancelled: each is then settled as an unknown
+// outcome (held, unless UnknownOutcome is release) before Drain returns
+// ctx's error. Call it once the server in front of the proxy has shut
+// down, or its shutdown's budget has run out, and before Close.
 func (p *Proxy) Drain(ctx context.Context) error {
-	all := make(chan struct{})
-	go func() { p.detached.wg.Wait(); close(all) }()
 	select {
-	case <-all:
+	case <-p.calls.wait():
 		return nil
 	case <-ctx.Done():
 	}
-	p.detached.mu.Lock()
-	n := len(p.detached.calls)
-	for cmd := range p.detached.calls {
-		cmd.Cancel()
-	}
-	p.detached.mu.Unlock()
-	p.log.Warn("shutdown budget ended with detached upstream calls still on: cancelled, and their keys held as outcome unknown", "calls", n)
-	<-all
+	p.calls.mu.Lock()
+	live, detached := p.calls.live, p.calls.detached
+	p.calls.mu.Unlock()
+	p.calls.cancel()
+	<-p.calls.wait()
+	p.log.Warn("shutdown budget ended with upstream calls still on: cancelled, and their keys held as outcome unknown",
+		"live", live, "detached", detached)
 	return ctx.Err()
 }

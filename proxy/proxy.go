@@ -77,9 +77,8 @@ type Proxy struct {
 	routes atomic.Pointer[routeTable]
 	// commandTransport carries keyed commands (Config.Transport).
 	commandTransport http.RoundTripper
-	// detached are the upstream calls going on past their client's
-	// answer.
-	detached detachedCalls
+	// calls are the keyed commands forwarded now, live and detached.
+	calls *calls
 }
 
 // New validates cfg and returns the proxy handler: the chain of
@@ -117,7 +116,7 @@ func New(cfg Config) (*Proxy, error) {
 		forwardAlways:    []string{"Idempotency-Key", cfg.Tenancy.Header()},
 		commandTransport: commandTransport,
 	}
-	p.detached.metrics = metrics
+	p.calls = newCalls(metrics)
 	if err := p.SetRoutes(cfg.Routes); err != nil {
 		return nil, err
 	}

@@ -357,25 +357,33 @@ func TestRetryHints(t *testing.T) {
 	}
 }
 
-// TestDrainDetachedCalls: a shutdown waits for the detached upstream calls
-// and settles them: one that answers within the budget is recorded, one
-// still on at its end is cancelled and its key held.
+// TestDrainDetachedCalls: a shutdown waits for the keyed commands still
+// on, detached or with their client waiting, and settles them: one that
+// answers within the budget is recorded, one still on at its end is
+// cancelled and its key held, and the client still waiting is answered.
 func TestDrainDetachedCalls(t *testing.T) { forEachStore(t, testDrainDetachedCalls) }
 
 func testDrainDetachedCalls(t *testing.T, st option) {
 	e := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
-	gates := map[string]chan struct{}{"answers": make(chan struct{}), "hangs": make(chan struct{})}
-	entered := make(chan struct{}, 2)
+	gates := map[string]chan struct{}{"answers": make(chan struct{}), "hangs": make(chan struct{}), "live": make(chan struct{})}
+	entered := make(chan struct{}, 3)
 	e.up.set(func(w http.ResponseWriter, r *http.Request) {
 		entered <- struct{}{}
 		<-gates[r.Header.Get("Idempotency-Key")]
 		w.WriteHeader(http.StatusCreated)
 	})
 	defer close(gates["hangs"])
+	defer close(gates["live"])
 	for _, k := range []string{"answers", "hangs"} {
 		wantProblem(t, e.do(req{key: k}), http.StatusGatewayTimeout, "upstream-timeout")
 		<-entered
 	}
+	// A route whose client waits longer: its call is live at the drain.
+	live := newEnv(t, st, func(_ *env, c *proxy.Config, _ *tenancy.Config) { c.UpstreamTimeout = 30 * time.Second })
+	live.up.set(e.up.handler)
+	waiting := live.doAsync(t.Context(), req{key: "live"})
+	<-entered
+
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	drained := make(chan error, 1)
@@ -390,4 +398,16 @@ func testDrainDetachedCalls(t *testing.T, st option) {
 	e.wantReplay(e.do(req{key: "answers"}), idempotency.ModeNoop, http.StatusCreated)
 	wantProblem(t, e.do(req{key: "hangs"}), http.StatusConflict, "outcome-unknown")
 	e.wantCalls(2)
+
+	short, cancelShort := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancelShort()
+	if err := live.proxy.Drain(short); err == nil {
+		t.Fatal("Drain returned nil with a live call still on at the end of its budget")
+	}
+	s := <-waiting
+	if s.err != nil || s.resp.StatusCode != http.StatusBadGateway || s.resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("the client of the live call cancelled by the drain: %v %v; want 502 with a hint not to retry", s.err, s.resp)
+	}
+	wantProblem(t, live.do(req{key: "live"}), http.StatusConflict, "outcome-unknown")
+	live.wantCalls(1)
 }

@@ -31,6 +31,10 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 		}
 		if step.ReportOnly() {
 			out, end := step.Report(r)
+			if cmd := idempotency.AttemptFrom(out.Context()); cmd != nil {
+				untrack := p.calls.begin(cmd)
+				defer untrack() // after end: the call is over once its attempt is
+			}
 			defer end()
 			next.ServeHTTP(w, out)
 			return
@@ -39,6 +43,8 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 		if cmd == nil {
 			return
 		}
+		untrack := p.calls.begin(cmd)
+		defer untrack() // after End: the call is over once its attempt is
 		defer cmd.End()
 		next.ServeHTTP(w, out)
 	})
