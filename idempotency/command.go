@@ -382,6 +382,10 @@ func (c *Attempt) Cancel() { c.cancel() }
 // upstream's answer (Config.UpstreamTimeout of the attempt's step).
 func (c *Attempt) UpstreamTimeout() time.Duration { return c.idem.cfg.UpstreamTimeout }
 
+// Detaches reports whether the attempt's upstream call may outlive its
+// client's wait: its CommandTimeout is longer than its UpstreamTimeout.
+func (c *Attempt) Detaches() bool { return c.idem.cfg.CommandTimeout > c.idem.cfg.UpstreamTimeout }
+
 // Step is the step that began the attempt.
 func (c *Attempt) Step() *Step { return c.idem }
 

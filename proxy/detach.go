@@ -43,6 +43,11 @@ func (t detaching) RoundTrip(req *http.Request) (*http.Response, error) {
 	if cmd == nil {
 		return t.pass.RoundTrip(req)
 	}
+	if !cmd.Detaches() {
+		// The command ends with its client's wait: its context's
+		// deadline bounds the call.
+		return t.cmd.RoundTrip(req)
+	}
 	done := make(chan roundTrip, 1)
 	go func() {
 		resp, err := t.cmd.RoundTrip(req)
