@@ -68,14 +68,15 @@ func (t detaching) RoundTrip(req *http.Request) (*http.Response, error) {
 	default:
 	}
 	cmd.Detach()
-	go t.p.settleDetached(cmd, req, done, t.p.calls.detach(cmd))
+	t.p.calls.detach(cmd)
+	go t.p.settleDetached(cmd, req, done)
 	return nil, errDetached
 }
 
 // settleDetached waits for a detached call's outcome, settles its
 // command as the reverse proxy would have, and finishes it.
-func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done <-chan roundTrip, untrack func()) {
-	defer untrack()
+func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done <-chan roundTrip) {
+	defer p.calls.detachEnd(cmd)
 	defer cmd.Finish()
 	ri := idempotency.InfoFrom(req.Context())
 	ctx := context.WithoutCancel(req.Context())
@@ -106,61 +107,73 @@ const drainLimit = 256 << 10
 // waits) and detached (their client was answered), for a shutdown to
 // wait for them and, when its budget ends, to cancel those still on: each
 // then settles as an unknown outcome (held, unless UnknownOutcome is
-// release) before the store closes.
+// release) before the store closes. Tracking costs a command a map entry
+// under a lock, and no allocation once the maps have grown.
 type calls struct {
 	metrics *Metrics
-	// stop ends with the shutdown budget; it cancels every call.
-	stop   context.Context
-	cancel context.CancelFunc
 
 	mu             sync.Mutex
-	live, detached int
+	live, detached map[*idempotency.Attempt]struct{}
+	cancelled      bool          // the budget ended: new calls are cancelled at once
 	idle           chan struct{} // closed when no call is left, while draining
 }
 
 func newCalls(metrics *Metrics) *calls {
-	c := &calls{metrics: metrics}
-	c.stop, c.cancel = context.WithCancel(context.Background())
-	return c
+	return &calls{metrics: metrics, live: map[*idempotency.Attempt]struct{}{}, detached: map[*idempotency.Attempt]struct{}{}}
 }
 
-// begin tracks cmd, forwarded now with its client waiting, until the
-// function it returns is called.
-func (c *calls) begin(cmd *idempotency.Attempt) (end func()) {
-	c.mu.Lock()
-	c.live++
-	c.mu.Unlock()
-	unregister := context.AfterFunc(c.stop, cmd.Cancel)
-	return func() {
-		unregister()
-		c.mu.Lock()
-		c.live--
-		c.settledLocked()
-		c.mu.Unlock()
-	}
-}
+// begin tracks cmd, forwarded now with its client waiting, until end.
+func (c *calls) begin(cmd *idempotency.Attempt) { c.add(c.live, cmd) }
+
+// end stops tracking cmd as begin tracked it.
+func (c *calls) end(cmd *idempotency.Attempt) { c.remove(c.live, cmd) }
 
 // detach tracks cmd, whose call goes on after its client was answered,
-// until the function it returns is called.
-func (c *calls) detach(cmd *idempotency.Attempt) (end func()) {
-	c.mu.Lock()
-	c.detached++
-	c.mu.Unlock()
+// until detachEnd.
+func (c *calls) detach(cmd *idempotency.Attempt) {
 	c.metrics.DetachedCalls.Inc()
-	unregister := context.AfterFunc(c.stop, cmd.Cancel)
-	return func() {
-		unregister()
-		c.metrics.DetachedCalls.Dec()
-		c.mu.Lock()
-		c.detached--
-		c.settledLocked()
-		c.mu.Unlock()
+	c.add(c.detached, cmd)
+}
+
+// detachEnd stops tracking cmd as detach tracked it.
+func (c *calls) detachEnd(cmd *idempotency.Attempt) {
+	c.metrics.DetachedCalls.Dec()
+	c.remove(c.detached, cmd)
+}
+
+func (c *calls) add(m map[*idempotency.Attempt]struct{}, cmd *idempotency.Attempt) {
+	c.mu.Lock()
+	m[cmd] = struct{}{}
+	cancelled := c.cancelled
+	c.mu.Unlock()
+	if cancelled {
+		cmd.Cancel()
 	}
+}
+
+func (c *calls) remove(m map[*idempotency.Attempt]struct{}, cmd *idempotency.Attempt) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(m, cmd)
+	c.settledLocked()
+}
+
+// cancelAll cancels every call on, and every one that begins from now.
+func (c *calls) cancelAll() (live, detached int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancelled = true
+	for _, m := range []map[*idempotency.Attempt]struct{}{c.live, c.detached} {
+		for cmd := range m {
+			cmd.Cancel()
+		}
+	}
+	return len(c.live), len(c.detached)
 }
 
 // settledLocked closes idle once no call is left. The caller holds mu.
 func (c *calls) settledLocked() {
-	if c.idle != nil && c.live+c.detached == 0 {
+	if c.idle != nil && len(c.live)+len(c.detached) == 0 {
 		close(c.idle)
 		c.idle = nil
 	}
@@ -171,7 +184,7 @@ func (c *calls) wait() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	done := make(chan struct{})
-	if c.live+c.detached == 0 {
+	if len(c.live)+len(c.detached) == 0 {
 		close(done)
 		return done
 	}
@@ -193,10 +206,7 @@ func (p *Proxy) Drain(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	p.calls.mu.Lock()
-	live, detached := p.calls.live, p.calls.detached
-	p.calls.mu.Unlock()
-	p.calls.cancel()
+	live, detached := p.calls.cancelAll()
 	<-p.calls.wait()
 	p.log.Warn("shutdown budget ended with upstream calls still on: cancelled, and their keys held as outcome unknown",
 		"live", live, "detached", detached)

@@ -32,8 +32,8 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 		if step.ReportOnly() {
 			out, end := step.Report(r)
 			if cmd := idempotency.AttemptFrom(out.Context()); cmd != nil {
-				untrack := p.calls.begin(cmd)
-				defer untrack() // after end: the call is over once its attempt is
+				p.calls.begin(cmd)
+				defer p.calls.end(cmd) // after end: the call is over once its attempt is
 			}
 			defer end()
 			next.ServeHTTP(w, out)
@@ -43,8 +43,8 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 		if cmd == nil {
 			return
 		}
-		untrack := p.calls.begin(cmd)
-		defer untrack() // after End: the call is over once its attempt is
+		p.calls.begin(cmd)
+		defer p.calls.end(cmd) // after End: the call is over once its attempt is
 		defer cmd.End()
 		next.ServeHTTP(w, out)
 	})

@@ -6,10 +6,8 @@ import (
 	"net/http"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"gopkg.in/yaml.v3"
@@ -49,12 +47,6 @@ type Route struct {
 	Line   int
 	Fields map[string]int
 }
-
-// routeFields are the fields of a route, in the order docs/routes.md
-// gives them.
-var routeFields = []string{"match", "command", "idempotency", "mode", "require_key", "key", "key_ttl", "lock_timeout",
-	"upstream_timeout", "success_status", "replay_max_bytes", "max_body_bytes", "in_flight_wait", "command_timeout",
-	"unknown_outcome", "tenant", "enforce"}
 
 // routeField is the route field that sets an idempotency.Config field.
 var routeField = map[string]string{
@@ -202,10 +194,6 @@ func (p *routesParser) yamlError(err error) error {
 	return &RoutesError{File: p.file, Line: line, Reason: "is not valid YAML: " + msg}
 }
 
-// methods are the methods a match may name.
-var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-	http.MethodDelete, http.MethodOptions, http.MethodTrace, http.MethodConnect}
-
 // route reads the i-th route; ok is false when it has a mistake (each is
 // recorded).
 func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
@@ -220,7 +208,8 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 	for j := 0; j+1 < len(n.Content); j += 2 {
 		k, v := n.Content[j], n.Content[j+1]
 		field := name + "." + k.Value
-		if !slices.Contains(routeFields, k.Value) {
+		spec, known := routeFieldSpecOf(k.Value)
+		if !known {
 			p.fail(k.Line, field, "is not a route field (the fields are %s)", strings.Join(routeFields, ", "))
 			continue
 		}
@@ -233,106 +222,10 @@ func (p *routesParser) route(i int, n *yaml.Node) (Route, bool) {
 			p.fail(v.Line, field, "must be a single value")
 			continue
 		}
-		val := strings.TrimSpace(v.Value)
-		bad := func(format string, args ...any) { p.fail(v.Line, field, format, args...) }
-		switch k.Value {
-		case "match":
-			method, pattern, ok := strings.Cut(val, " ")
-			method, pattern = strings.ToUpper(method), strings.TrimSpace(pattern)
-			switch {
-			case !ok || pattern == "":
-				bad(`must be a method and a chi path pattern, such as "POST /v1/orders/{id}", got %q`, val)
-			case !slices.Contains(methods, method):
-				bad("must start with an HTTP method (%s), got %q", strings.Join(methods, ", "), method)
-			case !strings.HasPrefix(pattern, "/"):
-				bad("the path pattern must start with /, got %q", pattern)
-			default:
-				r.Method, r.Pattern, r.Match, r.Line = method, pattern, method+" "+pattern, v.Line
-			}
-		case "command":
-			if val == "" || len(val) > 512 || strings.ContainsFunc(val, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
-				bad("must be 1 to 512 printable ASCII characters, got %q", val)
-			}
-			o.CommandType = val
-		case "idempotency":
-			switch strings.ToLower(val) {
-			case "off", "false":
-				r.Off = true
-			case "on", "true":
-			default:
-				bad(`must be "off" (or "on", the default), got %q`, val)
-			}
-		case "mode":
-			m := idempotency.Mode(strings.ToLower(val))
-			if !slices.Contains(idempotency.Modes, m) {
-				bad("must be noop, strict or replay, got %q", val)
-			}
-			o.Mode = m
-		case "require_key":
-			b, err := strconv.ParseBool(strings.ToLower(val))
-			if err != nil {
-				bad("must be true or false, got %q", val)
-			}
-			o.RequireKey = b
-		case "key":
-			ks, err := idempotency.ParseKeySource(val)
-			if err != nil {
-				bad("%v", err)
-			}
-			o.Key = ks
-		case "key_ttl", "lock_timeout", "upstream_timeout", "command_timeout", "in_flight_wait":
-			d, err := time.ParseDuration(val)
-			switch {
-			case err != nil:
-				if _, nerr := strconv.ParseFloat(val, 64); nerr == nil {
-					bad("needs a unit, e.g. %ss (or ms, m, h)", val)
-				} else {
-					bad("must be a duration such as 30s, 500ms, 5m or 72h, got %q", val)
-				}
-			case d == 0 && k.Value == "in_flight_wait":
-				d = idempotency.NoWait // 0s: answer a duplicate at once
-			case d <= 0:
-				bad("must be a positive duration, got %s", val)
-			}
-			*map[string]*time.Duration{"key_ttl": &o.KeyTTL, "lock_timeout": &o.LockTimeout, "upstream_timeout": &o.UpstreamTimeout,
-				"command_timeout": &o.CommandTimeout, "in_flight_wait": &o.InFlightWait}[k.Value] = d
-		case "unknown_outcome":
-			u := idempotency.UnknownOutcome(strings.ToLower(val))
-			if u != idempotency.OutcomeHold && u != idempotency.OutcomeRelease {
-				bad("must be hold or release, got %q", val)
-			}
-			o.UnknownOutcome = u
-		case "success_status":
-			set, err := idempotency.ParseStatusSet(val)
-			if err != nil {
-				bad("%v", err)
-			}
-			o.SuccessStatus = set
-		case "replay_max_bytes", "max_body_bytes":
-			b, err := strconv.ParseInt(val, 10, 64)
-			if err != nil || b <= 0 {
-				bad("must be a positive whole number of bytes, got %q", val)
-			}
-			*map[string]*int64{"replay_max_bytes": &o.ReplayMaxBytes, "max_body_bytes": &o.MaxBodyBytes}[k.Value] = b
-		case "enforce":
-			b, err := strconv.ParseBool(strings.ToLower(val))
-			if err != nil {
-				bad("must be true (enforce) or false (report only), got %q", val)
-			}
-			reportOnly := !b
-			o.ReportOnly = &reportOnly
-		case "tenant":
-			srcs, err := tenancy.ParseSources(val)
-			if err != nil {
-				bad("%v", err)
-				break
-			}
-			// The list itself; the settings the sources need are checked
-			// against the proxy's by CheckTenancy.
-			for _, e := range flattenErrors(tenancy.CheckSources(srcs)) {
-				bad("%v", e)
-			}
-			r.Tenant = srcs
+		if err := spec.read(&r, strings.TrimSpace(v.Value)); err != nil {
+			p.fail(v.Line, field, "%v", err)
+		} else if k.Value == "match" {
+			r.Line = v.Line
 		}
 	}
 	if _, ok := r.Fields["match"]; !ok {
