@@ -383,10 +383,29 @@ func IndexKey(prefix, tenant string) string { return prefix + "{" + tenant + "}:
 // store with key prefix prefix keeps beside IndexKey.
 func HeldKey(prefix, tenant string) string { return prefix + "{" + tenant + "}:held" }
 
+// HeldAllKey is the key of the index of the held keys of every tenant that
+// a Redis store with key prefix prefix keeps; its members are the
+// tenant, ':' and the key.
+func HeldAllKey(prefix string) string { return prefix + "{held}:all" }
+
+// ageMembersLua is ageIndexLua for the members of KEYS[1] that begin with
+// ARGV[2] alone.
+const ageMembersLua = `#!lua flags=allow-oom
+local d = tonumber(ARGV[1])
+local z = redis.call('ZRANGE', KEYS[1], 0, '+inf', 'BYSCORE', 'WITHSCORES')
+local n = 0
+for i = 1, #z, 2 do
+  if string.sub(z[i], 1, #ARGV[2]) == ARGV[2] then
+    redis.call('ZADD', KEYS[1], string.format('%d', tonumber(z[i + 1]) - d), z[i])
+    n = n + 1
+  end
+end
+return n`
+
 // Age lets d pass, on Redis's clock, for every entry of tenant in a Redis
 // store whose keys begin with prefix, on the server or every master of a
 // cluster: each lease ends and each record expires d sooner, and each was
-// created d earlier, in the entry and in the tenant's indexes. It returns
+// created d earlier, in the entry and in the indexes. It returns
 // how many entries it moved.
 func Age(t testing.TB, c redis.UniversalClient, prefix, tenant string, d time.Duration) int {
 	t.Helper()
@@ -401,6 +420,9 @@ func Age(t testing.TB, c redis.UniversalClient, prefix, tenant string, d time.Du
 		if err == nil {
 			err = c.Eval(context.Background(), ageIndexLua, []string{idx}, d.Microseconds()).Err()
 		}
+	}
+	if err == nil {
+		err = c.Eval(context.Background(), ageMembersLua, []string{HeldAllKey(prefix)}, d.Microseconds(), tenant+":").Err()
 	}
 	if err != nil {
 		t.Fatalf("age %q by %s: %v", match, d, err)
