@@ -28,7 +28,8 @@ func heldListingCost(t *testing.T, partitions int) storetest.CostHarness {
 		t.Fatal(err)
 	}
 	return storetest.CostHarness{
-		Store: newTestPostgres(t, Options{URL: dbURL}),
+		Store:          newTestPostgres(t, Options{URL: dbURL}),
+		SmallReadWhole: pgtest.Citus(),
 		Cost: func(t *testing.T, opts idemproxy.ListOptions) int64 {
 			t.Helper()
 			return heldRowsRead(t, dbURL, opts)
@@ -67,7 +68,15 @@ func heldRowsRead(t *testing.T, dbURL string, opts idemproxy.ListOptions) int64 
 		t.Fatal(err)
 	}
 	defer conn.Close(t.Context())
-	setup := []string{"ANALYZE idempotency_keys", "SET plan_cache_mode = force_generic_plan",
+	// One transaction, so that through a transaction-mode pooler every
+	// statement reaches the same server connection; the prepared
+	// statement is gone again before it ends.
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	setup := []string{"ANALYZE idempotency_keys", "SET LOCAL plan_cache_mode = force_generic_plan",
 		"PREPARE held_page AS " + listHeldAllSQL}
 	// EXECUTE takes no bound parameters under EXPLAIN: its arguments
 	// are literals.
@@ -79,17 +88,22 @@ func heldRowsRead(t *testing.T, dbURL string, opts idemproxy.ListOptions) int64 
 		after, tenant, strings.ReplaceAll(key, "'", "''"), opts.PageLimit()+1)
 	var args []any
 	if pgtest.Citus() {
-		setup = []string{"ANALYZE idempotency_keys", "SET citus.explain_all_tasks = on"}
+		setup = []string{"ANALYZE idempotency_keys", "SET LOCAL citus.explain_all_tasks = on"}
 		explain, args = "EXPLAIN (ANALYZE, FORMAT JSON) "+listHeldAllSQL, listHeldAllArgs(opts)
 	}
 	for _, s := range setup {
-		if _, err := conn.Exec(t.Context(), s); err != nil {
+		if _, err := tx.Exec(t.Context(), s); err != nil {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
 	var plan []byte
-	if err := conn.QueryRow(t.Context(), explain, args...).Scan(&plan); err != nil {
+	if err := tx.QueryRow(t.Context(), explain, args...).Scan(&plan); err != nil {
 		t.Fatalf("EXPLAIN ANALYZE of the held keys' listing: %v", err)
+	}
+	if !pgtest.Citus() {
+		if _, err := tx.Exec(t.Context(), "DEALLOCATE held_page"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var tree any
 	if err := json.Unmarshal(plan, &tree); err != nil {
