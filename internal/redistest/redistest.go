@@ -444,15 +444,49 @@ func Count(t testing.TB, c redis.UniversalClient, match string) int {
 }
 
 // Delete deletes every key that matches the glob match, on the server or
-// every master of a cluster, and returns how many it deleted.
+// every master of a cluster, and returns how many it deleted. It unlinks
+// them a thousand to a pipeline, so that a test's 100,000 keys go in a
+// moment.
 func Delete(t testing.TB, c redis.UniversalClient, match string) int {
 	t.Helper()
-	n := 0
-	err := eachKey(c, match, func(ctx context.Context, node redis.Cmdable, key string) error {
-		deleted, err := node.Del(ctx, key).Result()
-		n += int(deleted)
+	var (
+		n       int
+		node    redis.Cmdable // the node of pending
+		pending []string
+	)
+	flush := func(ctx context.Context) error {
+		if len(pending) == 0 {
+			return nil
+		}
+		cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range pending {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		})
+		for _, cmd := range cmds {
+			if ic, ok := cmd.(*redis.IntCmd); ok {
+				n += int(ic.Val())
+			}
+		}
+		pending = pending[:0]
 		return err
+	}
+	err := eachKey(c, match, func(ctx context.Context, on redis.Cmdable, key string) error {
+		if on != node {
+			if err := flush(ctx); err != nil {
+				return err
+			}
+			node = on
+		}
+		if pending = append(pending, key); len(pending) == 1000 {
+			return flush(ctx)
+		}
+		return nil
 	})
+	if err == nil {
+		err = flush(context.Background())
+	}
 	if err != nil {
 		t.Fatalf("delete %q: %v", match, err)
 	}

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -22,6 +23,9 @@ func costHarness(opts Options) func(t *testing.T) storetest.CostHarness {
 	return func(t *testing.T) storetest.CostHarness {
 		opts.Prefix = ""
 		r := newTestRedis(t, opts)
+		// Its 100,000 records would outlive the test by an hour in a
+		// server other tests share, and slow every scan of theirs.
+		t.Cleanup(func() { redistest.Delete(t, r.c, r.prefix+"*") })
 		var read commandCounter
 		r.c.AddHook(&read)
 		return storetest.CostHarness{Store: r, Cost: func(t *testing.T, o idemproxy.ListOptions) int64 {

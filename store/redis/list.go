@@ -26,12 +26,39 @@ import (
 // cluster, an index update that failed or has not landed yet) is moved to
 // that time and left out of this listing.
 func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
-	limit := opts.PageLimit()
-	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
-	defer cancel()
 	index := r.indexKey(tenant)
 	if opts.Held {
 		index = r.heldKey(tenant)
+	}
+	return r.readIndex(ctx, "list", index, &tenant, opts)
+}
+
+// ListHeld returns one page of the held keys of every tenant, newest
+// first, as idemproxy.Store.ListHeld describes, from the index of the held
+// keys of every tenant (heldAllKey) as List reads a tenant's: from the
+// cursor on, newest first, in batches, each key checked against its entry
+// with the lookup script, pipelined (on a cluster, one pipeline per node
+// the keys are on). A page costs the keys it shows plus the ended ones it
+// meets, which it drops from the index once it has read it, however many
+// records the store holds.
+func (r *Store) ListHeld(ctx context.Context, opts idemproxy.ListOptions) (idemproxy.Page, error) {
+	return r.readIndex(ctx, "list held", r.heldAllKey(), nil, opts)
+}
+
+// readIndex reads a page of index after opts.After, newest first: a
+// tenant's index or held keys (tenant set; members are keys), or the held
+// keys of every tenant (tenant nil; members are heldMember's). It reads
+// the index in batches from the cursor on (ZRANGE BYSCORE REV LIMIT), each
+// batch's keys checked against their entries (verify), until it has a
+// page and one more, and fixes the index once it has read it. op names the
+// operation in errors.
+func (r *Store) readIndex(ctx context.Context, op, index string, tenant *uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
+	limit := opts.PageLimit()
+	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
+	defer cancel()
+	held, cursorAfter := opts.Held, idemproxy.CursorAfter
+	if tenant == nil {
+		held, cursorAfter = true, idemproxy.HeldCursorAfter
 	}
 	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
 	// The next batch starts at score from (inclusive), past the first
@@ -56,30 +83,30 @@ func (r *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 			Key: index, Start: from, Stop: "0", ByScore: true, Rev: true, Offset: offset, Count: batch,
 		}).Result()
 		if err != nil {
-			return idemproxy.Page{}, failure("list", err)
+			return idemproxy.Page{}, failure(op, err)
 		}
 		var candidates []indexed
 		for _, z := range zs {
-			key, _ := z.Member.(string)
-			m := indexed{tenant: tenant, key: key, member: key, created: int64(z.Score)}
+			member, _ := z.Member.(string)
+			m := indexed{member: member, created: int64(z.Score)}
 			if !m.after(last) {
 				continue // read already: the index changed between batches
 			}
 			from, offset = m.next(last, from, offset)
 			last = &m
-			if opts.After == nil || opts.After.Precedes(time.UnixMicro(m.created), m.key) {
+			if m.parse(tenant) && m.afterCursor(opts.After, tenant == nil) {
 				candidates = append(candidates, m)
 			}
 		}
-		entries, fix, err := r.verify(ctx, index, candidates, opts.Held)
+		entries, fix, err := r.verify(ctx, index, candidates, held)
 		if err != nil {
-			return idemproxy.Page{}, failure("list", err)
+			return idemproxy.Page{}, failure(op, err)
 		}
 		fixes = append(fixes, fix...)
 		page.Entries = append(page.Entries, entries...)
 		if len(page.Entries) > limit {
 			page.Entries = page.Entries[:limit]
-			page.Next = idemproxy.CursorAfter(page.Entries[limit-1])
+			page.Next = cursorAfter(page.Entries[limit-1])
 			return page, nil
 		}
 		if int64(len(zs)) < batch {
@@ -104,6 +131,33 @@ type indexed struct {
 // of an index that changed between batches.
 func (m *indexed) after(last *indexed) bool {
 	return last == nil || m.created < last.created || m.created == last.created && m.member < last.member
+}
+
+// parse sets m's tenant and key from its member: the key of tenant's
+// index, or a member of the held keys of every tenant (tenant nil). It
+// reports false for a member that is no key.
+func (m *indexed) parse(tenant *uuid.UUID) bool {
+	if tenant != nil {
+		m.tenant, m.key = *tenant, m.member
+		return true
+	}
+	var ok bool
+	m.tenant, m.key, ok = parseHeldMember(m.member)
+	return ok
+}
+
+// afterCursor reports whether m comes after the cursor c (nil: the
+// start) in a tenant's listing order, or, across set, in the order of
+// the held keys of every tenant.
+func (m *indexed) afterCursor(c *idemproxy.Cursor, across bool) bool {
+	switch {
+	case c == nil:
+		return true
+	case across:
+		return c.PrecedesHeld(time.UnixMicro(m.created), m.tenant, m.key)
+	default:
+		return c.Precedes(time.UnixMicro(m.created), m.key)
+	}
 }
 
 // next returns where the batch after m starts, given the start (from,
