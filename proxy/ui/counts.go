@@ -48,7 +48,8 @@ type countRow struct {
 
 // readCounts gathers the overview's counters from g, skipping zero
 // counts, sorted by route then label value; and when the process started,
-// if g collects it (process_start_time_seconds).
+// if g collects it (process_start_time_seconds). A gatherer that fails
+// for some families still gives the others, with its error.
 func readCounts(g prometheus.Gatherer) ([]countTable, time.Time, error) {
 	tables := make([]countTable, len(overviewCounts))
 	for i, f := range overviewCounts {
@@ -58,9 +59,6 @@ func readCounts(g prometheus.Gatherer) ([]countTable, time.Time, error) {
 		return tables, time.Time{}, nil
 	}
 	mfs, err := g.Gather()
-	if err != nil && len(mfs) == 0 {
-		return tables, time.Time{}, err
-	}
 	var started time.Time
 	for _, mf := range mfs {
 		if mf.GetName() == "process_start_time_seconds" && len(mf.GetMetric()) == 1 {
@@ -72,7 +70,7 @@ func readCounts(g prometheus.Gatherer) ([]countTable, time.Time, error) {
 			}
 		}
 	}
-	return tables, started, nil
+	return tables, started, err
 }
 
 // countRows reads the non-zero counts of mf by route and label.

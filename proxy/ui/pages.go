@@ -19,6 +19,7 @@ type overviewView struct {
 	Held        []idemproxy.Entry
 	HeldCount   int
 	HeldMore    bool
+	HeldError   bool
 	Counts      []countTable
 	CountsError bool
 	Started     time.Time
@@ -37,7 +38,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		v.Held = page.Entries[:min(len(page.Entries), 5)]
 	} else {
 		h.log.WarnContext(r.Context(), "on-call page: held keys not listed", "error", err)
-		v.Ready, v.Status = false, "not ready: the held keys could not be listed"
+		v.HeldError = true
 	}
 	var err error
 	v.Counts, v.Started, err = readCounts(h.cfg.Gatherer)

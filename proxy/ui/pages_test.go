@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -208,6 +209,40 @@ func TestOverviewAndRoutes(t *testing.T) {
 	for _, want := range []string{"/etc/idemproxy/routes.yaml", "2026-12-03 12:00:00 UTC", "POST /v1/payments", "line 2", "strict", "noop"} {
 		if !strings.Contains(routes, want) {
 			t.Errorf("routes page lacks %q:\n%s", want, routes)
+		}
+	}
+}
+
+// downStore is a store that does not answer.
+type downStore struct{ idemproxy.Store }
+
+func (downStore) ListHeld(context.Context, idemproxy.ListOptions) (idemproxy.Page, error) {
+	return idemproxy.Page{}, idemproxy.ErrUnavailable
+}
+
+func (downStore) List(context.Context, uuid.UUID, idemproxy.ListOptions) (idemproxy.Page, error) {
+	return idemproxy.Page{}, idemproxy.ErrUnavailable
+}
+
+func (downStore) Lookup(context.Context, uuid.UUID, string) (idemproxy.Entry, error) {
+	return idemproxy.Entry{}, idemproxy.ErrUnavailable
+}
+
+// A store that does not answer: the overview says so, the other pages are
+// 503 pages that say to try again, never a 500.
+func TestStoreDown(t *testing.T) {
+	s := newSite(t, func(c *ui.Config) {
+		c.Store = downStore{c.Store}
+		c.Readiness = func(context.Context) (bool, string) { return false, "not ready: store unavailable" }
+	})
+	b := s.browser()
+	b.signIn(t)
+	if text := b.get("/ui/").want(t, http.StatusOK).text(); !strings.Contains(text, "not ready: store unavailable") {
+		t.Errorf("the overview does not say the store is not ready:\n%s", text)
+	}
+	for _, path := range []string{"/ui/held", "/ui/tenant?tenant=acme", keyPath(uuid.New(), "k")} {
+		if text := b.get(path).want(t, http.StatusServiceUnavailable).text(); !strings.Contains(text, "try again") {
+			t.Errorf("%s: %s", path, text)
 		}
 	}
 }
