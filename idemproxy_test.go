@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 func TestCursorRoundTrip(t *testing.T) {
@@ -13,13 +15,15 @@ func TestCursorRoundTrip(t *testing.T) {
 		{CreatedAt: time.Date(2026, 12, 3, 13, 4, 5, 123456000, time.UTC), Key: "order-1"},
 		{CreatedAt: time.Unix(0, 1), Key: strings.Repeat("k", 255)},
 		{CreatedAt: time.Date(1999, 1, 1, 0, 0, 0, 7, time.UTC), Key: `"quoted" /&?=`},
+		{CreatedAt: time.Unix(0, 42), Tenant: uuid.New(), Key: "k"},
+		{CreatedAt: time.Unix(0, 42), Tenant: uuid.Max, Key: strings.Repeat("k", 255)},
 	} {
 		token := c.String()
 		got, err := ParseCursor(token)
 		if err != nil {
 			t.Fatalf("ParseCursor(%q): %v", token, err)
 		}
-		if !got.CreatedAt.Equal(c.CreatedAt) || got.Key != c.Key {
+		if !got.CreatedAt.Equal(c.CreatedAt) || got.Tenant != c.Tenant || got.Key != c.Key {
 			t.Errorf("round trip of %+v gave %+v", c, got)
 		}
 		if strings.ContainsAny(token, "+/=&?") {
@@ -27,7 +31,11 @@ func TestCursorRoundTrip(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "!!!", "AAAA", "not-a-cursor",
-		(&Cursor{Key: strings.Repeat("k", 256)}).String(), (&Cursor{Key: "tab\tkey"}).String()} {
+		(&Cursor{Key: strings.Repeat("k", 256)}).String(), (&Cursor{Key: "tab\tkey"}).String(),
+		(&Cursor{Tenant: uuid.New()}).String(), // no key
+		"Ag",                                   // a tenant's cursor cut short
+		strings.Replace((&Cursor{Key: "k"}).String(), "A", "D", 1), // an unknown version
+	} {
 		if _, err := ParseCursor(bad); !errors.Is(err, ErrInvalidCursor) {
 			t.Errorf("ParseCursor(%q) = %v, want ErrInvalidCursor", bad, err)
 		}
@@ -50,6 +58,36 @@ func TestCursorPrecedes(t *testing.T) {
 	} {
 		if got := c.Precedes(tc.created, tc.key); got != tc.want {
 			t.Errorf("Precedes(%s, %q) = %v, want %v", tc.created, tc.key, got, tc.want)
+		}
+	}
+}
+
+func TestCursorPrecedesHeld(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	low, mid, high := uuid.MustParse("10000000-0000-0000-0000-000000000000"),
+		uuid.MustParse("80000000-0000-0000-0000-000000000000"), uuid.MustParse("f0000000-0000-0000-0000-000000000000")
+	c := &Cursor{CreatedAt: at, Tenant: mid, Key: "m"}
+	for _, tc := range []struct {
+		created time.Time
+		tenant  uuid.UUID
+		key     string
+		want    bool
+	}{
+		{at.Add(-time.Nanosecond), high, "z", true}, // older: on a later page
+		{at.Add(time.Nanosecond), low, "a", false},  // newer: on an earlier page
+		{at, low, "z", true},                        // same time, smaller tenant: later
+		{at, high, "a", false},                      // same time, larger tenant: earlier
+		{at, mid, "l", true},                        // same tenant, smaller key: later
+		{at, mid, "m", false},                       // the cursor's own entry
+		{at, mid, "n", false},
+	} {
+		if got := c.PrecedesHeld(tc.created, tc.tenant, tc.key); got != tc.want {
+			t.Errorf("PrecedesHeld(%s, %s, %q) = %v, want %v", tc.created, tc.tenant, tc.key, got, tc.want)
+		}
+		e := Entry{CreatedAt: tc.created, Tenant: tc.tenant, Key: tc.key}
+		cursorEntry := Entry{CreatedAt: c.CreatedAt, Tenant: c.Tenant, Key: c.Key}
+		if got := HeldBefore(cursorEntry, e); got != tc.want {
+			t.Errorf("HeldBefore(the cursor's entry, (%s, %s, %q)) = %v, want %v", tc.created, tc.tenant, tc.key, got, tc.want)
 		}
 	}
 }

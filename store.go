@@ -23,7 +23,8 @@ import (
 //     completes or releases for its owner. Only a new claim, or Delete,
 //     takes the key from the owner; after that the owner gets ErrNotOwner.
 //   - Key spaces are per tenant: no operation ever reads, changes or lists
-//     another tenant's entry, whatever the key strings.
+//     another tenant's entry, whatever the key strings; only ListHeld,
+//     for the admin, lists the held keys of every tenant.
 //   - A store bounds the time of its own operations (the proxy passes
 //     contexts without a deadline for the steps that must finish); an
 //     operation that cannot reach or use the store fails with an error
@@ -89,6 +90,15 @@ type Store interface {
 	// but none appears twice, since a key's CreatedAt only moves forward.
 	// A tenant without entries gets an empty page.
 	List(ctx context.Context, tenant uuid.UUID, opts ListOptions) (Page, error)
+	// ListHeld returns one page of the live held keys of every tenant
+	// (admin use: the keys a person must decide about), as List returns
+	// a tenant's with opts.Held, but across tenants: newest CreatedAt
+	// first; held keys with the same CreatedAt by Tenant, then by Key,
+	// each in descending byte order (HeldBefore). Each entry has Tenant
+	// set. opts.After is a cursor of this listing (HeldCursorAfter), and
+	// Next is one. A page costs what it holds, not what the store holds:
+	// each store keeps its held keys indexed apart, in this order.
+	ListHeld(ctx context.Context, opts ListOptions) (Page, error)
 	// Ping reports whether the store can be used: reachable and, for a
 	// database, with the schema the store needs. A permanent failure is
 	// a *MisconfiguredError.

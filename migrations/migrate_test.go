@@ -477,8 +477,9 @@ func TestMigrateLogs(t *testing.T) {
 		want{"INFO", "idempotency_keys created partitioned by hash of tenant_id", map[string]any{"partitions": 2.0}},
 		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created_partitioned.go"}},
 		want{"INFO", "migration applied", map[string]any{"version": 3.0, "file": "00003_idempotency_keys_held.sql"}},
-		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index_partitioned.go"}})
-	if res.Version != 4 || res.Partitions != 2 || len(res.Ran) != 4 || res.Ran[1].Path != "00002_idempotency_keys_tenant_created_partitioned.go" {
+		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index_partitioned.go"}},
+		want{"INFO", "migration applied", map[string]any{"version": 5.0, "file": "00005_idempotency_keys_held_created_index_partitioned.go"}})
+	if res.Version != 5 || res.Partitions != 2 || len(res.Ran) != 5 || res.Ran[1].Path != "00002_idempotency_keys_tenant_created_partitioned.go" {
 		t.Errorf("up returned %+v", res)
 	}
 
@@ -486,14 +487,14 @@ func TestMigrateLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("up again", res, want{"INFO", "no migrations to apply", map[string]any{"version": 4.0}})
+	check("up again", res, want{"INFO", "no migrations to apply", map[string]any{"version": 5.0}})
 
 	res, err = migrations.Migrate(t.Context(), dbURL, migrations.Down, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	check("down", res, want{"INFO", "migration rolled back",
-		map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index_partitioned.go"}})
+		map[string]any{"version": 5.0, "file": "00005_idempotency_keys_held_created_index_partitioned.go"}})
 
 	plain := pgtest.Schema(t)
 	if _, err := migrations.Migrate(t.Context(), plain, migrations.Up, nil); err != nil {
@@ -506,7 +507,7 @@ func TestMigrateLogs(t *testing.T) {
 	const warning = "idempotency_keys exists and is not partitioned: 4 partitions apply only when the table is created"
 	check("up with partitions on a plain table", res,
 		want{"WARN", warning, map[string]any{"setting": "migrations.Partitions", "partitions": 4.0}},
-		want{"INFO", "no migrations to apply", map[string]any{"version": 4.0}})
+		want{"INFO", "no migrations to apply", map[string]any{"version": 5.0}})
 	if !slices.Equal(res.Warnings, []string{warning}) {
 		t.Errorf("warnings %q, want %q", res.Warnings, warning)
 	}
@@ -522,8 +523,9 @@ func TestMigrateLogs(t *testing.T) {
 			map[string]any{"version": 1.0, "version_table": "idemproxy_goose_version", "left_unchanged": "goose_db_version"}},
 		want{"INFO", "migration applied", map[string]any{"version": 2.0, "file": "00002_idempotency_keys_tenant_created.sql"}},
 		want{"INFO", "migration applied", map[string]any{"version": 3.0, "file": "00003_idempotency_keys_held.sql"}},
-		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index.sql"}})
-	if !res.Adopted || res.Version != 4 {
+		want{"INFO", "migration applied", map[string]any{"version": 4.0, "file": "00004_idempotency_keys_held_index.sql"}},
+		want{"INFO", "migration applied", map[string]any{"version": 5.0, "file": "00005_idempotency_keys_held_created_index.sql"}})
+	if !res.Adopted || res.Version != 5 {
 		t.Errorf("up over a legacy install returned %+v", res)
 	}
 }

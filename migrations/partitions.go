@@ -35,8 +35,8 @@ func Partitions(n int) Option { return func(o *options) { o.partitions = n } }
 // partitioned table each one touches one partition (see the store's
 // statements); the migrations themselves run unchanged, but for two
 // things a partitioned table needs: 00001's CREATE TABLE gains its
-// PARTITION BY clause and the partitions, and the indexes of 00002 and
-// 00004 are built without CONCURRENTLY, which a partitioned table refuses
+// PARTITION BY clause and the partitions, and the indexes of 00002,
+// 00004 and 00005 are built without CONCURRENTLY, which a partitioned table refuses
 // (on an existing partitioned table the build then holds off writes while
 // it scans the partitions). Both are
 // derived from the files, so there is one schema to maintain;
@@ -48,10 +48,11 @@ const (
 )
 
 // concurrentIndexes are the migrations that build an index CONCURRENTLY.
-var concurrentIndexes = []int64{2, 4}
+var concurrentIndexes = []int64{2, 4, 5}
 
 // partitionedMigrations returns the goose options that replace migrations
-// 00001 and 00002 by their partitioned forms, with n partitions.
+// 00001 and the concurrent index builds (concurrentIndexes) by their
+// partitioned forms, with n partitions.
 func partitionedMigrations(n int) ([]goose.ProviderOption, error) {
 	up1, down1, err := sections(1)
 	if err != nil {

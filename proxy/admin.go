@@ -32,7 +32,8 @@ type AdminConfig struct {
 	Gatherer prometheus.Gatherer
 	// Draining, when set to true, makes /readyz answer 503 (shutdown).
 	Draining *atomic.Bool
-	// Token protects /v1/keys and /v1/routes; empty disables them.
+	// Token protects /v1/keys and /v1/routes, and signs in to the
+	// on-call page at /ui/; empty disables them all.
 	Token string
 	// Routes tells /v1/routes the route policies in force
 	// (Proxy.RoutesInForce); nil means no /v1/routes route.
@@ -49,7 +50,8 @@ type AdminConfig struct {
 }
 
 // NewAdmin returns the admin listener's handler: health, readiness,
-// metrics and the key API. All its routes are listed here.
+// metrics, the key API and the on-call page (package ui, under /ui/).
+// All its routes are listed here.
 func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, &idemproxy.ConfigError{Struct: "proxy.AdminConfig", Field: "Store", Reason: "is required"}
@@ -78,6 +80,9 @@ func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 			writeJSON(w, http.StatusOK, cfg.Routes())
 		})
 	}
+	if err := a.mountUI(r); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -97,30 +102,34 @@ func (a *admin) healthz(w http.ResponseWriter, _ *http.Request) {
 // *idemproxy.UnavailableError, such as a Redis out of memory), or "not
 // ready: " and a permanent cause, such as "schema missing".
 func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
+	code, status := a.readiness(r.Context())
+	writeJSON(w, code, map[string]string{"status": status})
+}
+
+// readiness is readyz's answer: its status code and status text, logged
+// when not ready.
+func (a *admin) readiness(ctx context.Context) (int, string) {
 	if a.cfg.Draining != nil && a.cfg.Draining.Load() {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
-		return
+		return http.StatusServiceUnavailable, "draining"
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := a.cfg.Store.Ping(ctx); err != nil {
+	if err := a.cfg.Store.Ping(pctx); err != nil {
 		var mis *idemproxy.MisconfiguredError
 		if errors.As(err, &mis) {
 			status := "not ready: " + mis.Reason
-			a.log.ErrorContext(r.Context(), "readiness: "+status+"; retrying will not help until it is fixed", "error", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
-			return
+			a.log.ErrorContext(ctx, "readiness: "+status+"; retrying will not help until it is fixed", "error", err)
+			return http.StatusServiceUnavailable, status
 		}
 		status := "not ready: store unavailable"
 		var una *idemproxy.UnavailableError
 		if errors.As(err, &una) {
 			status = "not ready: " + una.Reason
 		}
-		a.log.WarnContext(r.Context(), "readiness: "+status, "error", err)
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
-		return
+		a.log.WarnContext(ctx, "readiness: "+status, "error", err)
+		return http.StatusServiceUnavailable, status
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	return http.StatusOK, "ready"
 }
 
 func (a *admin) authorize(next http.Handler) http.Handler {

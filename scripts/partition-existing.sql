@@ -54,9 +54,10 @@ ALTER INDEX idempotency_keys_pkey RENAME TO idempotency_keys_unpartitioned_pkey;
 ALTER INDEX idempotency_keys_expires_at_idx RENAME TO idempotency_keys_unpartitioned_expires_at_idx;
 ALTER INDEX idempotency_keys_tenant_created_idx RENAME TO idempotency_keys_unpartitioned_tenant_created_idx;
 ALTER INDEX idempotency_keys_held_idx RENAME TO idempotency_keys_unpartitioned_held_idx;
+ALTER INDEX idempotency_keys_held_created_idx RENAME TO idempotency_keys_unpartitioned_held_created_idx;
 
 -- The same columns, defaults and CHECK constraints, and the indexes
--- migrations 00001, 00002 and 00004 create.
+-- migrations 00001, 00002, 00004 and 00005 create.
 CREATE TABLE idempotency_keys (
     LIKE idempotency_keys_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
     PRIMARY KEY (tenant_id, key)
@@ -64,6 +65,7 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
 CREATE INDEX idempotency_keys_tenant_created_idx ON idempotency_keys (tenant_id, created_at, key COLLATE "C");
 CREATE INDEX idempotency_keys_held_idx ON idempotency_keys (tenant_id, created_at, key COLLATE "C") WHERE state = 'unknown';
+CREATE INDEX idempotency_keys_held_created_idx ON idempotency_keys (created_at, tenant_id, key COLLATE "C") WHERE state = 'unknown';
 
 SELECT format('CREATE TABLE idempotency_keys_p%s PARTITION OF idempotency_keys FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
               r, :partitions, r)

@@ -105,7 +105,7 @@ type Config struct {
 	ReadHeaderTimeout time.Duration `env:"IDEMPROXY_READ_HEADER_TIMEOUT" envDefault:"10s" desc:"time allowed to read request headers"`
 	MaxHeaderBytes    int           `env:"IDEMPROXY_MAX_HEADER_BYTES" envDefault:"65536" desc:"largest request header block (431 above)"`
 	WriteTimeout      time.Duration `env:"IDEMPROXY_WRITE_TIMEOUT" envDefault:"30s" desc:"time each write of a response to a client may take (proxy listener): a client that stops reading is cut off (0: none)"`
-	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API, at least 16 bytes (e.g. openssl rand -hex 32); unset disables it"`
+	AdminToken        string        `env:"IDEMPROXY_ADMIN_TOKEN" desc:"bearer token for the admin key API and the sign-in of the on-call page (/ui/), at least 16 bytes (e.g. openssl rand -hex 32); unset disables both"`
 	ShutdownDelay     time.Duration `env:"IDEMPROXY_SHUTDOWN_DELAY" envDefault:"0s" desc:"after SIGTERM, how long /readyz reports not ready before the listener closes"`
 	ShutdownTimeout   time.Duration `env:"IDEMPROXY_SHUTDOWN_TIMEOUT" envDefault:"0s" desc:"longest a graceful shutdown takes after SIGTERM: commands in flight and detached upstream calls still on at its end are cancelled and their keys held (0: the drain budget, enough for the longest command; idemproxy config prints it)"`
 	LogLevel          levelName     `env:"IDEMPROXY_LOG_LEVEL" envDefault:"info" desc:"debug, info, warn or error (JSON logs)"`

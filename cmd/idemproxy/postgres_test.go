@@ -97,12 +97,12 @@ func TestRunMigrate(t *testing.T) {
 		{"status", "pending"},
 		{"status", "VERSION  STATE    APPLIED AT  FILE"},
 		{"up", "up 00001_idempotency_keys.sql"},
-		{"up", "no migrations to apply; at version 4"},
+		{"up", "no migrations to apply; at version 5"},
 		{"status", "applied"},
+		{"down", "down 00005_idempotency_keys_held_created_index.sql"},
 		{"down", "down 00004_idempotency_keys_held_index.sql"},
-		{"down", "down 00003_idempotency_keys_held.sql"},
 		{"status", "pending"},
-		{"up", "up 00003_idempotency_keys_held.sql"},
+		{"up", "up 00004_idempotency_keys_held_index.sql"},
 	} {
 		var out bytes.Buffer
 		if err := runMigrate(t.Context(), []string{step.cmd}, env, &out); err != nil {
@@ -135,7 +135,7 @@ func TestRunMigratePartitions(t *testing.T) {
 		{plain, "up", "", []string{"up 00002_idempotency_keys_tenant_created.sql ("}},
 		{plain, "up", "4", []string{
 			"warning: idempotency_keys exists and is not partitioned: 4 partitions apply only when the table is created\n",
-			"no migrations to apply; at version 4\n",
+			"no migrations to apply; at version 5\n",
 		}},
 	} {
 		var out bytes.Buffer

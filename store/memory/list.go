@@ -15,15 +15,19 @@ import (
 // newest first, as idemproxy.Store.List describes. It scans every shard,
 // holding one shard's lock at a time, and keeps only a page's worth of
 // entries while it does: its cost grows with the store's size, not with
-// the tenant's. A listing of held keys reads only the held keys' index.
+// the tenant's. A listing of held keys reads only a page of the held
+// keys' index.
 func (m *Store) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOptions) (idemproxy.Page, error) {
+	if opts.Held {
+		return m.listTenantHeld(tenant, opts), nil
+	}
 	limit := opts.PageLimit()
 	now := m.now().UnixNano()
 	// oldest holds the newest limit+1 candidates seen so far, the oldest
 	// of them on top; the extra one tells whether another page follows.
 	var oldest listHeap
 	consider := func(k memKey, e memEntry) {
-		if k.tenant != tenant || e.expires <= now || (opts.Held && e.state != idemproxy.StateUnknown) {
+		if k.tenant != tenant || e.expires <= now {
 			return
 		}
 		c := listed{key: k, entry: e}
@@ -37,24 +41,13 @@ func (m *Store) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOpt
 			heap.Fix(&oldest, 0)
 		}
 	}
-	if opts.Held {
-		for _, k := range m.heldKeys(tenant) {
-			sh := m.shard(k.tenant, k.key)
-			sh.mu.Lock()
-			if e, ok := sh.m[k]; ok {
-				consider(k, e)
-			}
-			sh.mu.Unlock()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			consider(k, e)
 		}
-	} else {
-		for i := range m.shards {
-			sh := &m.shards[i]
-			sh.mu.Lock()
-			for k, e := range sh.m {
-				consider(k, e)
-			}
-			sh.mu.Unlock()
-		}
+		sh.mu.Unlock()
 	}
 	slices.SortFunc(oldest, func(a, b listed) int {
 		if listsBefore(a, b) {
@@ -72,17 +65,6 @@ func (m *Store) List(_ context.Context, tenant uuid.UUID, opts idemproxy.ListOpt
 		page.Next = idemproxy.CursorAfter(page.Entries[limit-1])
 	}
 	return page, nil
-}
-
-// heldKeys returns tenant's keys in the held keys' index.
-func (m *Store) heldKeys(tenant uuid.UUID) []memKey {
-	m.heldMu.Lock()
-	defer m.heldMu.Unlock()
-	ks := make([]memKey, 0, len(m.held[tenant]))
-	for key := range m.held[tenant] {
-		ks = append(ks, memKey{tenant, key})
-	}
-	return ks
 }
 
 // listed is a candidate entry of a memory listing.

@@ -76,10 +76,8 @@ type Store struct {
 	// sweep: at most once a second.
 	lastSweep atomic.Int64
 	// held indexes the held keys (StateUnknown), so that listing them
-	// costs what they are, not what the store holds. A shard's mu is
-	// taken before heldMu, never after.
-	heldMu sync.Mutex
-	held   map[uuid.UUID]map[string]struct{}
+	// costs a page, not what the store holds.
+	held *heldIndex
 }
 
 // EntryOverhead is what one entry counts against MaxBytes besides its
@@ -194,7 +192,7 @@ func New(opts Options) *Store {
 		done:      make(chan struct{}),
 		maxBytes:  opts.MaxBytes,
 		tenantMax: max(opts.TenantMaxEntries, 0),
-		held:      make(map[uuid.UUID]map[string]struct{}),
+		held:      newHeldIndex(),
 	}
 	for i := range m.shards {
 		m.shards[i].m = make(map[memKey]memEntry)
@@ -270,7 +268,7 @@ func (m *Store) sweep(sh *memShard, now, grace int64) (freed int) {
 func (m *Store) drop(sh *memShard, k memKey, e memEntry) {
 	delete(sh.m, k)
 	if e.state == idemproxy.StateUnknown {
-		m.unindexHeld(k)
+		m.unindexHeld(k, &e)
 	}
 	m.bytes.Add(-entrySize(k, &e))
 	m.tenantGive(k.tenant)
@@ -472,25 +470,8 @@ func (m *Store) Hold(_ context.Context, h idemproxy.Holding) error {
 	e.expires = now + int64(h.TTL)
 	sh.m[k] = e
 	sh.earliest = min(sh.earliest, e.expires)
-	m.heldMu.Lock()
-	if m.held[k.tenant] == nil {
-		m.held[k.tenant] = make(map[string]struct{})
-	}
-	m.held[k.tenant][k.key] = struct{}{}
-	m.heldMu.Unlock()
+	m.indexHeld(k, &e)
 	return nil
-}
-
-// unindexHeld drops k from the held keys' index.
-func (m *Store) unindexHeld(k memKey) {
-	m.heldMu.Lock()
-	defer m.heldMu.Unlock()
-	if keys := m.held[k.tenant]; keys != nil {
-		delete(keys, k.key)
-		if len(keys) == 0 {
-			delete(m.held, k.tenant)
-		}
-	}
 }
 
 // Resolve turns a held key into a record with r.Status that replays for
@@ -510,13 +491,13 @@ func (m *Store) Resolve(_ context.Context, r idemproxy.Resolution) error {
 	case e.state != idemproxy.StateUnknown || (r.CommandID != uuid.Nil && r.CommandID != e.commandID):
 		return idemproxy.ErrNotHeld
 	}
+	m.unindexHeld(k, &e)
 	e.state = idemproxy.StateSucceeded
 	e.status = int32(r.Status)
 	e.created = now
 	e.expires = now + int64(r.TTL)
 	sh.m[k] = e
 	sh.earliest = min(sh.earliest, e.expires)
-	m.unindexHeld(k)
 	return nil
 }
 

@@ -31,6 +31,17 @@ func TestMemoryContract(t *testing.T) {
 		return storetest.Harness{
 			Store:   m,
 			Advance: func(_ *testing.T, _ uuid.UUID, d time.Duration) { clock.Advance(d) },
+			HeldListingCost: func(t *testing.T) storetest.CostHarness {
+				m := memory.New(memory.Options{Now: clock.Now, SweepInterval: -1})
+				t.Cleanup(func() { m.Close() })
+				return storetest.CostHarness{Store: m, Cost: func(t *testing.T, opts idemproxy.ListOptions) int64 {
+					before := memory.HeldVisits(m)
+					if _, err := m.ListHeld(t.Context(), opts); err != nil {
+						t.Fatalf("ListHeld: %v", err)
+					}
+					return memory.HeldVisits(m) - before
+				}}
+			},
 		}
 	})
 }

@@ -48,3 +48,49 @@ func (p *Store) List(ctx context.Context, tenant uuid.UUID, opts idemproxy.ListO
 	}
 	return page, nil
 }
+
+// ListHeld returns one page of the live held keys of every tenant, newest
+// first, as idemproxy.Store.ListHeld describes, in one statement
+// (listHeldAllSQL) served by a partial index of the held keys alone.
+func (p *Store) ListHeld(ctx context.Context, opts idemproxy.ListOptions) (idemproxy.Page, error) {
+	limit := opts.PageLimit()
+	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
+	defer cancel()
+	rows, err := p.pool.Query(ctx, p.sql.listHeldAll.next(1), listHeldAllArgs(opts)...)
+	if err != nil {
+		return idemproxy.Page{}, pgerr.Failure("list held", err)
+	}
+	defer rows.Close()
+	page := idemproxy.Page{Entries: []idemproxy.Entry{}}
+	for rows.Next() {
+		var (
+			tenant pgtype.UUID
+			key    string
+		)
+		e, err := scanEntry(rows, &tenant, &key)
+		if err != nil {
+			return idemproxy.Page{}, pgerr.Failure("list held", err)
+		}
+		e.Tenant, e.Key = tenant.Bytes, key
+		page.Entries = append(page.Entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return idemproxy.Page{}, pgerr.Failure("list held", err)
+	}
+	if len(page.Entries) > limit {
+		page.Entries = page.Entries[:limit]
+		page.Next = idemproxy.HeldCursorAfter(page.Entries[limit-1])
+	}
+	return page, nil
+}
+
+// listHeldAllArgs are listHeldAllSQL's parameters for opts: the cursor
+// (the first page starts after the infinite future) and the page's limit
+// and one more, which tells whether a page follows.
+func listHeldAllArgs(opts idemproxy.ListOptions) []any {
+	after, tenant, key := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, uuid.Nil, ""
+	if c := opts.After; c != nil {
+		after, tenant, key = pgtype.Timestamptz{Time: c.CreatedAt, Valid: true}, c.Tenant, c.Key
+	}
+	return []any{after, pgUUID(tenant), key, opts.PageLimit() + 1}
+}

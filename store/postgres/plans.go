@@ -70,7 +70,7 @@ func (s *replannedSQL) next(n int) string {
 // grows.
 type plans struct {
 	claim, complete, release, renew, lookup, del, list *replannedSQL
-	hold, resolve, listHeld                            *replannedSQL
+	hold, resolve, listHeld, listHeldAll               *replannedSQL
 	claimBatch, completeBatch, releaseBatch            *replannedSQL
 	// The statements sent on Citus instead of claim and claimBatch.
 	citusClaim, claimConflict, claimConflictBatch *replannedSQL
@@ -88,6 +88,7 @@ func newPlans() plans {
 		hold:               newReplannedSQL(holdSQL),
 		resolve:            newReplannedSQL(resolveSQL),
 		listHeld:           newReplannedSQL(listHeldSQL),
+		listHeldAll:        newReplannedSQL(listHeldAllSQL),
 		claimBatch:         newReplannedSQL(ClaimBatchSQL),
 		completeBatch:      newReplannedSQL(CompleteBatchSQL),
 		releaseBatch:       newReplannedSQL(releaseBatchSQL),

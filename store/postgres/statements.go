@@ -235,3 +235,20 @@ WHERE tenant_id = $1 AND state = 'unknown'
 	AND expires_at > now()
 ORDER BY created_at DESC, key COLLATE "C" DESC
 LIMIT $4`
+
+// listHeldAllSQL reads a page of the live held keys of every tenant after
+// the cursor ($1 created_at, $2 tenant, $3 key), newest first, without
+// stored responses: the on-call page's listing. It is the one request-free
+// statement besides the purge that spans tenants, served by the partial
+// index idempotency_keys_held_created_idx (migration 00005), read
+// backwards, so a page costs the page however many records the table
+// holds. On a table partitioned by tenant it reads each partition's index
+// in order and merges them (MergeAppend); on Citus each shard returns at
+// most a page, which the coordinator merges.
+const listHeldAllSQL = `SELECT tenant_id, key, ` + entryHead + `, NULL::jsonb, NULL::bytea, NULL::boolean
+FROM idempotency_keys
+WHERE state = 'unknown'
+	AND (created_at, tenant_id, key COLLATE "C") < ($1::timestamptz, $2::uuid, $3::text COLLATE "C")
+	AND expires_at > now()
+ORDER BY created_at DESC, tenant_id DESC, key COLLATE "C" DESC
+LIMIT $4`

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -136,7 +137,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 			"a", owner, "t", owner, c.Fingerprint[:], int64(1),
 			"b", owner, "t", owner, c.Fingerprint[:], int64(1)},
 	}
-	spansTenants := map[string]bool{"purgeSQL": true, "purgeAllSQL": true}
+	spansTenants := map[string]bool{"purgeSQL": true, "purgeAllSQL": true, "listHeldAllSQL": true}
 	catalogue := map[string]bool{"pingSQL": true, "missingColumns": true, "heldAdmitted": true}
 	// The pieces statements are built from (entryHead, claimTakeover…)
 	// need no check of their own.
@@ -212,6 +213,9 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 	if got := partitionsIn("purgeSQL", []any{1000}); len(got) != 8 {
 		t.Errorf("the purge is planned over the partitions %v, want all 8", got)
 	}
+	if got := partitionsIn("listHeldAllSQL", listHeldAllArgs(idemproxy.ListOptions{})); len(got) != 8 {
+		t.Errorf("the held keys of every tenant are planned over the partitions %v, want all 8", got)
+	}
 }
 
 // citusOnly are the statements the store sends only on Citus, and
@@ -252,8 +256,14 @@ func checkCitusPlans(t *testing.T, stmts map[string]string, requestPath map[stri
 			t.Errorf("%s: Citus plans it with task counts %v, want one plan of one task", name, got)
 		}
 	}
-	if got := tasks("purgeAllSQL", nil); len(got) != 1 || got[0] == "1" {
-		t.Errorf("purgeAllSQL: task counts %v, want one plan over every shard", got)
+	for _, name := range []string{"purgeAllSQL", "listHeldAllSQL"} {
+		var args []any
+		if name == "listHeldAllSQL" {
+			args = listHeldAllArgs(idemproxy.ListOptions{})
+		}
+		if got := tasks(name, args); len(got) != 1 || got[0] == "1" {
+			t.Errorf("%s: task counts %v, want one plan over every shard", name, got)
+		}
 	}
 	for name := range citusOnly {
 		if _, ok := stmts[name]; !ok {

@@ -195,7 +195,7 @@ func (r *Store) Lookup(ctx context.Context, tenant uuid.UUID, key string) (idemp
 func (r *Store) Delete(ctx context.Context, tenant uuid.UUID, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
-	v, err := r.runKeys(ctx, deleteScript, r.heldScriptKeys(tenant, key), false, key)
+	v, err := r.runKeys(ctx, deleteScript, r.heldScriptKeys(tenant, key), false, key, heldMember(tenant, key))
 	if err != nil {
 		return failure("delete", err)
 	}
@@ -217,7 +217,7 @@ func (r *Store) Hold(ctx context.Context, h idemproxy.Holding) error {
 	ctx, cancel := context.WithTimeout(ctx, r.opTimeout)
 	defer cancel()
 	ttl := max(h.TTL.Microseconds(), 1)
-	v, err := r.runKeys(ctx, holdScript, r.heldScriptKeys(h.Tenant, h.Key), true, h.Owner[:], ttl, h.Key)
+	v, err := r.runKeys(ctx, holdScript, r.heldScriptKeys(h.Tenant, h.Key), true, h.Owner[:], ttl, h.Key, heldMember(h.Tenant, h.Key))
 	if err != nil {
 		return failure("hold", err)
 	}
@@ -229,6 +229,7 @@ func (r *Store) Hold(ctx context.Context, h idemproxy.Holding) error {
 		life := time.Now().UnixMicro() + ttl - created
 		r.index(ctx, h.Tenant, h.Key, created, life)
 		r.indexIn(ctx, r.heldKey(h.Tenant), h.Tenant, h.Key, created, life)
+		r.indexIn(ctx, r.heldAllKey(), h.Tenant, heldMember(h.Tenant, h.Key), created, life)
 	}
 	return nil
 }
@@ -245,7 +246,8 @@ func (r *Store) Resolve(ctx context.Context, res idemproxy.Resolution) error {
 		command = res.CommandID[:]
 	}
 	ttl := max(res.TTL.Microseconds(), 1)
-	v, err := r.runKeys(ctx, resolveScript, r.heldScriptKeys(res.Tenant, res.Key), true, command, res.Status, ttl, res.Key)
+	v, err := r.runKeys(ctx, resolveScript, r.heldScriptKeys(res.Tenant, res.Key), true,
+		command, res.Status, ttl, res.Key, heldMember(res.Tenant, res.Key))
 	if err != nil {
 		return failure("resolve", err)
 	}
@@ -278,24 +280,27 @@ func (r *Store) index(ctx context.Context, tenant uuid.UUID, key string, created
 	r.indexIn(ctx, r.indexKey(tenant), tenant, key, created, life)
 }
 
-// indexIn is index into idx: the tenant's index or its held keys.
-func (r *Store) indexIn(ctx context.Context, idx string, tenant uuid.UUID, key string, created, life int64) {
-	if r.cluster == nil || key == "" {
+// indexIn is index into idx of member: key in the tenant's index or its
+// held keys, heldMember(tenant, key) in the held keys of every tenant.
+func (r *Store) indexIn(ctx context.Context, idx string, tenant uuid.UUID, member string, created, life int64) {
+	if r.cluster == nil || member == "" {
 		return
 	}
-	if _, err := r.run(ctx, indexScript, idx, false, key, created, life); err != nil {
-		r.log.WarnContext(ctx, "redis: the tenant's index was not updated; admin listings may miss the key for a while",
-			"tenant", tenant, "key", key, "index", idx, "error", err)
+	if _, err := r.run(ctx, indexScript, idx, false, member, created, life); err != nil {
+		r.log.WarnContext(ctx, "redis: an admin listing's index was not updated; listings may miss the key for a while",
+			"tenant", tenant, "member", member, "index", idx, "error", err)
 	}
 }
 
-// unindexHeld drops key from tenant's held keys if they still have it at
-// created, on a cluster, as unindex does from its index.
+// unindexHeld drops key from tenant's held keys, and from the held keys
+// of every tenant, if they still have it at created, on a cluster, as
+// unindex does from its index.
 func (r *Store) unindexHeld(ctx context.Context, tenant uuid.UUID, key, created string) {
 	if r.cluster == nil || key == "" {
 		return
 	}
 	_, _ = r.run(ctx, reindexScript, r.heldKey(tenant), false, key, created, "")
+	_, _ = r.run(ctx, reindexScript, r.heldAllKey(), false, heldMember(tenant, key), created, "")
 }
 
 // unindex drops key from tenant's index if the index still has it at

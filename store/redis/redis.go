@@ -81,7 +81,8 @@ type Options struct {
 // keys scored by their created time, Prefix + '{' + tenant + "}:index",
 // and one of its held keys alone, Prefix + '{' + tenant + "}:held",
 // which cannot meet an entry's key (whose tenant part begins with a hex
-// digit). Its member "" records the longest life of an entry indexed
+// digit); the held keys of every tenant have one more, Prefix +
+// "{held}:all", for the on-call page's listing across tenants. Its member "" records the longest life of an entry indexed
 // there, by which claims trim the keys of ended entries, and the index
 // expires after its newest entry; so the store indexes no empty key. On a
 // single server the scripts keep the index in the same atomic step as the
@@ -312,13 +313,38 @@ func (r *Store) heldKey(tenant uuid.UUID) string {
 	return r.prefix + "{" + tenant.String() + "}:held"
 }
 
+// heldAllKey is the index of the held keys of every tenant: a sorted set
+// of members heldMember(tenant, key) scored by their created time (µs),
+// in a slot of its own ("{held}", which no tenant's index or entry key
+// can name). Members of one score come in the byte order of tenant, then
+// key, as the listing wants: the tenant's canonical form has a fixed
+// length and sorts as its bytes do.
+func (r *Store) heldAllKey() string { return r.prefix + "{held}:all" }
+
+// heldMember is (tenant, key)'s member in heldAllKey: the tenant's
+// canonical form, ':' and the key.
+func heldMember(tenant uuid.UUID, key string) string {
+	var t [36]byte
+	hexUUID(t[:], tenant)
+	return string(t[:]) + ":" + key
+}
+
+// parseHeldMember reverses heldMember.
+func parseHeldMember(m string) (uuid.UUID, string, bool) {
+	if len(m) < 38 || m[36] != ':' {
+		return uuid.Nil, "", false
+	}
+	tenant, err := uuid.Parse(m[:36])
+	return tenant, m[37:], err == nil
+}
+
 // heldScriptKeys returns the KEYS of a script that may change whether
 // (tenant, key) is held: scriptKeys' and, on a single server, the
-// tenant's held keys.
+// tenant's held keys and the held keys of every tenant.
 func (r *Store) heldScriptKeys(tenant uuid.UUID, key string) []string {
 	keys := r.scriptKeys(tenant, key)
 	if len(keys) == 2 {
-		keys = append(keys, r.heldKey(tenant))
+		keys = append(keys, r.heldKey(tenant), r.heldAllKey())
 	}
 	return keys
 }

@@ -1,9 +1,10 @@
 #!lua
 -- Record a held key as succeeded with a status, without a stored
 -- response: an operator's word that its command took effect. KEYS[1]:
--- the entry; on a single server also KEYS[2]: the tenant's index and
--- KEYS[3]: the tenant's held keys. ARGV: the held command's id ('' for
--- any), status, TTL (µs), key. Judged by Redis's clock. Returns {1, the
+-- the entry; on a single server also KEYS[2]: the tenant's index,
+-- KEYS[3]: the tenant's held keys and KEYS[4]: the held keys of every
+-- tenant. ARGV: the held command's id ('' for any), status, TTL (µs),
+-- key, the key's member in KEYS[4] (tenant:key). Judged by Redis's clock. Returns {1, the
 -- record's created time (µs), the held key's created time (µs, a
 -- string)}, {0} when no live entry is there, or {-1} when the entry is
 -- not held or is another command's.
@@ -41,5 +42,6 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(ttl / 1000)))
 if KEYS[2] then
   index(KEYS[2], ARGV[4], now, ttl, false)
   redis.call('ZREM', KEYS[3], ARGV[4])
+  redis.call('ZREM', KEYS[4], ARGV[5])
 end
 return {1, now, e[4]}

@@ -5,7 +5,8 @@
 // the owner renews, completes or releases, leases and expiries judged by
 // the store's own clock, a lapsed lock still renewing and completing for
 // its owner, tenants that never see each other's entries, and List's
-// order and paging.
+// order and paging, and the held keys of every tenant listed a page at a
+// time for what a page holds.
 //
 // A store's own test runs it with a function that gives each subtest a
 // Harness: the store, and a way to let time pass for it.
@@ -75,13 +76,23 @@ type Harness struct {
 
 	// SetCreated sets the CreatedAt of tenant's entry for key, as the
 	// store keeps it, to at, a CreatedAt the store reported for another
-	// of tenant's entries; the entry's expiry stays as it is. The suite
-	// uses it to have entries created at one instant, to check List's
-	// order among them. Nil means the store's clock stands still unless
+	// entry (of that tenant or, for a held key, of another); the entry's
+	// expiry stays as it is, and a store that indexes its held keys
+	// apart moves the key there too. The suite uses it to have entries
+	// created at one instant, to check the order of List and ListHeld
+	// among them. Nil means the store's clock stands still unless
 	// Advance moves it (a fake clock): entries created with no Advance
 	// between them share their CreatedAt already, which the suite
 	// checks.
 	SetCreated func(t *testing.T, tenant uuid.UUID, key string, at time.Time)
+
+	// HeldListingCost, when set, makes the suite check that a page of
+	// held keys (ListHeld) costs what it holds, not what the store holds:
+	// it returns a store of its own and a way to count what a listing
+	// reads (CostHarness). The check writes 100,000 records, so a store
+	// run several ways (batched or not, over a pooler) may set it in one
+	// of them. Nil skips the check.
+	HeldListingCost func(t *testing.T) CostHarness
 }
 
 // Run runs the suite, each subtest with the harness newHarness returns
@@ -136,6 +147,9 @@ var suite = []struct {
 	{"resolve records a held key as succeeded", testResolve},
 	{"delete frees a held key", testDeleteHeld},
 	{"list pages through a tenant's held keys alone", testListHeld},
+	{"list held keys across tenants, newest first", testListHeldAcrossTenants},
+	{"list held keys across tenants: limits and the end", testListHeldLimits},
+	{"a page of held keys costs the same among 100 records as among 100,000", testListHeldCost},
 	{"concurrent claims: exactly one wins", testConcurrentClaims},
 	{"a late completion racing takeovers: exactly one wins", testLateCompleteRace},
 	{"list pages through a tenant's live keys, newest first", testListPages},
