@@ -27,7 +27,7 @@ const MaxPartitions = 1024
 // idempotency_keys_p<n-1> (IDEMPROXY_DB_PARTITIONS). Zero, the default,
 // creates a plain table. It applies only when the table is created: an
 // existing table is never changed (Migrate returns and logs a warning when
-// n is set and the table exists unpartitioned); docs/stores.md
+// n is set and the table exists unpartitioned); docs/scaling-postgres.md
 // "Partitioned by tenant" shows how to move an existing table over by hand.
 func Partitions(n int) Option { return func(o *options) { o.partitions = n } }
 

@@ -1,6 +1,6 @@
 -- Moves an existing, unpartitioned idempotency_keys table to one
 -- PARTITION BY HASH (tenant_id), as IDEMPROXY_DB_PARTITIONS would have
--- created it (docs/stores.md, "Partitioned by tenant"). Run it with psql, in the schema the
+-- created it (docs/scaling-postgres.md, "Partitioned by tenant"). Run it with psql, in the schema the
 -- sidecars use, with the number of partitions:
 --
 --   psql "$DATABASE_URL" -v partitions=16 -f scripts/partition-existing.sql

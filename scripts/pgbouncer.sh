@@ -15,7 +15,7 @@
 # whose command line names its configuration. It listens on
 # 127.0.0.1:$PGBOUNCER_PORT (default 6432; 0 picks a free port) and passes
 # every database name to 127.0.0.1:5432, with the settings
-# docs/stores.md ("PgBouncer in transaction mode") names: pool_mode =
+# docs/scaling-postgres.md ("PgBouncer in transaction mode") names: pool_mode =
 # transaction, default_pool_size = $PGBOUNCER_POOL_SIZE (5), auth_type =
 # trust on loopback, ignore_startup_parameters = extra_float_digits.
 # Nothing else is changed from PgBouncer's defaults but max_client_conn,
