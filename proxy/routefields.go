@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -177,4 +178,43 @@ func readBytes(set func(*Route, int64)) func(*Route, string) error {
 		set(r, n)
 		return nil
 	}
+}
+
+// CheckTenancy checks each route's tenant sources against base, the
+// proxy's tenancy settings (a path source needs base's PathPattern, a
+// static source its Static, jwt a key), as SetRoutes does; every mistake
+// is a *RoutesError naming the route's tenant field, spelled with
+// variables' names.
+func (rs *Routes) CheckTenancy(base tenancy.Config) error {
+	if rs == nil {
+		return nil
+	}
+	var errs []error
+	for i, r := range rs.Routes {
+		if r.Tenant == nil {
+			continue
+		}
+		c := base
+		c.Sources = r.Tenant
+		for _, e := range flattenErrors(c.Validate()) {
+			errs = append(errs, &RoutesError{File: rs.File, Line: r.Fields["tenant"], Field: fmt.Sprintf("routes[%d].tenant (%s)", i, r.Match),
+				Reason: explainSetting(e)})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// explainSetting tells a library's *idemproxy.ConfigError in variables'
+// names; any other error as it is.
+func explainSetting(err error) string {
+	var ce *idemproxy.ConfigError
+	if !errors.As(err, &ce) {
+		return err.Error()
+	}
+	return ce.Explain(func(field string) string {
+		if ce.Struct == "tenancy.Config" && field == "Sources" {
+			return "tenant"
+		}
+		return Variable(ce.Struct + "." + field)
+	})
 }

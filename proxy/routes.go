@@ -285,45 +285,6 @@ func (p *routesParser) checkSettings(name string, r *Route) {
 	}
 }
 
-// CheckTenancy checks each route's tenant sources against base, the
-// proxy's tenancy settings (a path source needs base's PathPattern, a
-// static source its Static, jwt a key), as SetRoutes does; every mistake
-// is a *RoutesError naming the route's tenant field, spelled with
-// variables' names.
-func (rs *Routes) CheckTenancy(base tenancy.Config) error {
-	if rs == nil {
-		return nil
-	}
-	var errs []error
-	for i, r := range rs.Routes {
-		if r.Tenant == nil {
-			continue
-		}
-		c := base
-		c.Sources = r.Tenant
-		for _, e := range flattenErrors(c.Validate()) {
-			errs = append(errs, &RoutesError{File: rs.File, Line: r.Fields["tenant"], Field: fmt.Sprintf("routes[%d].tenant (%s)", i, r.Match),
-				Reason: explainSetting(e)})
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// explainSetting tells a library's *idemproxy.ConfigError in variables'
-// names; any other error as it is.
-func explainSetting(err error) string {
-	var ce *idemproxy.ConfigError
-	if !errors.As(err, &ce) {
-		return err.Error()
-	}
-	return ce.Explain(func(field string) string {
-		if ce.Struct == "tenancy.Config" && field == "Sources" {
-			return "tenant"
-		}
-		return Variable(ce.Struct + "." + field)
-	})
-}
-
 // flattenErrors lists the errors err joins.
 func flattenErrors(err error) []error {
 	if err == nil {
