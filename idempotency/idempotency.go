@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/ascii"
 )
 
 // Mode says how a request whose key already has a record is answered.
@@ -366,22 +367,13 @@ var safeMethods = map[string]bool{
 // is not checked again.
 func (g *Step) Checked(r *http.Request) bool {
 	m := r.Method
-	if !isUpper(m) {
+	if !ascii.IsUpper(m) {
 		m = strings.ToUpper(m)
 	}
 	if safeMethods[m] || (g.cfg.ReportOnly && isReported(r)) {
 		return false
 	}
 	return g.hasKey(r) || g.requiresKey(m)
-}
-
-func isUpper(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if 'a' <= s[i] && s[i] <= 'z' {
-			return false
-		}
-	}
-	return true
 }
 
 // isToken reports whether s is an HTTP method name: an RFC 9110 token.

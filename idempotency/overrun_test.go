@@ -1,12 +1,10 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/store/memory"
 )
 
@@ -52,24 +51,6 @@ func (*overrunMetrics) CountUnknownOutcome(string)           {}
 func (*overrunMetrics) AddWaiters(int64)                     {}
 func (*overrunMetrics) CountReportOnly(string, string)       {}
 
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestLeaseOverrunIsCountedAndLogged: a store that stops answering for
 // longer than the lease lets the lease end while the command still runs
 // (another attempt could claim the key then); the renewal answered after
@@ -79,7 +60,7 @@ func TestLeaseOverrunIsCountedAndLogged(t *testing.T) {
 	st := &pausedStore{Store: memory.New(memory.Options{}), timeout: storeTimeout}
 	defer st.Store.(*memory.Store).Close()
 	metrics := &overrunMetrics{}
-	var logs syncBuffer
+	var logs testenv.Buffer
 	g, err := idempotency.New(idempotency.Config{Store: st, LockTimeout: lease, StoreTimeout: storeTimeout,
 		Metrics: metrics, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
@@ -191,7 +192,7 @@ func TestPartitionExistingScriptNeedsPsqlUnderCI(t *testing.T) {
 func TestPartitionExistingScript(t *testing.T) {
 	pgtest.SkipIfPooled(t, "psql sets the test schema with PGOPTIONS, which a pooler refuses")
 	psql, err := exec.LookPath("psql")
-	if err != nil && os.Getenv("CI") == "true" {
+	if err != nil && testenv.CI() {
 		t.Fatalf("psql is required under CI=true (Debian: apt-get install postgresql-client): %v", err)
 	}
 	if err != nil {

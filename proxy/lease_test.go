@@ -19,6 +19,7 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/redis"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -169,7 +170,7 @@ func (s *renewStore) fail(err error) {
 }
 
 // logLines returns the JSON log lines whose message is msg.
-func logLines(logs *lockedBuffer, msg string) []map[string]any {
+func logLines(logs *testenv.Buffer, msg string) []map[string]any {
 	var found []map[string]any
 	for _, l := range bytes.Split(logs.Bytes(), []byte("\n")) {
 		var m map[string]any
@@ -197,7 +198,7 @@ func waitFor(cond func() bool) bool {
 // an error and counted as lock_lost. Each line names the request, tenant,
 // key and command.
 func TestRenewalFailureLoggedAndCounted(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	rs := &renewStore{}
 	e := newEnv(t, withShortLease, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 		rs.Store = c.Store
@@ -361,7 +362,7 @@ func (s *unreleasable) Release(context.Context, uuid.UUID, string, uuid.UUID) er
 // with growing waits, and given up (and logged) a lease after the claim
 // was sent; the lock, if it landed, then ends with its lease.
 func TestLostClaimReleaseGivesUp(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	us := &unreleasable{lostClaimStore: &lostClaimStore{}}
 	us.lose.Store(true)
 	e := newEnv(t, withShortLease, func(_ *env, c *proxy.Config, _ *tenancy.Config) {

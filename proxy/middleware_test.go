@@ -5,35 +5,17 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
-// lockedBuffer is a bytes.Buffer safe for the server's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
-
 // TestAccessLogLine: one JSON line per request, its duration in
 // milliseconds under duration_ms, with the request's identity.
 func TestAccessLogLine(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	e := newEnv(t, func(_ *env, c *proxy.Config, _ *tenancy.Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/ascii"
 )
 
 // forward mounts the idempotency step in front of the reverse proxy
@@ -106,7 +107,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
 		if v, ok := h[name]; ok {
 			delete(h, name)
-			h[lowerASCII(name)] = v
+			h[ascii.Lower(name)] = v
 		}
 	}
 	// Only idemproxy may tell the upstream which command this is.
@@ -114,16 +115,6 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if cmd := idempotency.AttemptFrom(pr.Out.Context()); cmd != nil {
 		h.Set("Idempotency-Command-Id", cmd.CommandID().String())
 	}
-}
-
-func lowerASCII(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }
 
 // modifyResponse settles a command the upstream answered, before the

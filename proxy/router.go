@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/ascii"
 	"github.com/idemproxy/idemproxy/internal/urlpath"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -49,7 +50,7 @@ var routeContexts = sync.Pool{New: func() any { return chi.NewRouteContext() }}
 // match returns the entry of the route r matches, or nil.
 func (t *routeTable) match(r *http.Request) *routeEntry {
 	method := r.Method
-	if !isUpperASCII(method) {
+	if !ascii.IsUpper(method) {
 		method = strings.ToUpper(method)
 	}
 	rctx := routeContexts.Get().(*chi.Context)
@@ -60,15 +61,6 @@ func (t *routeTable) match(r *http.Request) *routeEntry {
 		return nil
 	}
 	return t.entries[methodPattern{method, pattern}]
-}
-
-func isUpperASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if 'a' <= s[i] && s[i] <= 'z' {
-			return false
-		}
-	}
-	return true
 }
 
 // SetRoutes puts rs in force for the requests that arrive from now on;

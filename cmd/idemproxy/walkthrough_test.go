@@ -8,11 +8,13 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 func TestRetryWalkthrough(t *testing.T) {
 	t.Parallel()
-	ci := os.Getenv("CI") == "true"
+	ci := testenv.CI()
 	for _, tool := range []string{"bash", "curl", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if ci {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // TestKilledConsumers: three consumers of one group, run as processes,
@@ -37,8 +38,8 @@ import (
 //
 //	CONSUMER_STORM_KILLS=100 CONSUMER_STORM_IDS=2000 go test -count=1 -v -run TestKilledConsumers ./examples/consumer/
 func TestKilledConsumers(t *testing.T) {
-	kills := envInt(t, "CONSUMER_STORM_KILLS", 12)
-	ids := envInt(t, "CONSUMER_STORM_IDS", 200)
+	kills := testenv.Int(t, "CONSUMER_STORM_KILLS", 12)
+	ids := testenv.Int(t, "CONSUMER_STORM_IDS", 200)
 	dbURL := pgtest.MigratedSchema(t)
 	redisURL := redistest.SharedURL(t)
 	rdb := redistest.Client(t, redisURL)
@@ -49,7 +50,7 @@ func TestKilledConsumers(t *testing.T) {
 	if err := rdb.XGroupCreateMkStream(ctx, stream, group, "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	bin := buildConsumer(t)
+	bin := testenv.Build(t, ".")
 	logDir := t.TempDir()
 	env := []string{
 		"CONSUMER_DATABASE_URL=" + dbURL, "CONSUMER_REDIS_URL=" + redisURL,
@@ -262,35 +263,6 @@ func (p *process) waitStarted(t *testing.T) {
 func (p *process) kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.exited
-}
-
-// buildConsumer builds the consumer's binary for the test.
-func buildConsumer(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the test builds the consumer with the go command: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "consumer")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive number", name, v)
-	}
-	return n
 }
 
 // TestConfig: the consumer refuses to start without its database, or

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // The SIGKILL storm: the ledger runs as a process of its own, which is
@@ -36,10 +36,10 @@ import (
 //
 //	LEDGER_STORM_KILLS=200 go test -count=1 -v -run TestSIGKILLStorm -timeout 30m ./examples/ledger/
 func TestSIGKILLStorm(t *testing.T) {
-	kills := envInt(t, "LEDGER_STORM_KILLS", 30)
-	clients := envInt(t, "LEDGER_STORM_CLIENTS", 8)
+	kills := testenv.Int(t, "LEDGER_STORM_KILLS", 30)
+	clients := testenv.Int(t, "LEDGER_STORM_CLIENTS", 8)
 	pgtest.URL(t) // skips (fails under CI=true) without a database
-	bin := buildLedger(t)
+	bin := testenv.Build(t, ".")
 
 	t.Run("transactional", func(t *testing.T) {
 		r := storm(t, bin, true, kills, clients)
@@ -321,22 +321,6 @@ func (s *service) kill() {
 	s.cmd = nil
 }
 
-// buildLedger builds the ledger's binary for the test.
-func buildLedger(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the storm builds the ledger with the go command: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "ledger")
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // freeAddr is a local address nothing listens on now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -346,19 +330,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-func envInt(t *testing.T, name string, def int) int {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive number", name, v)
-	}
-	return n
 }
 
 // tail is the last lines of a log.

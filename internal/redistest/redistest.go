@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/faultnet"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // DefaultURL is the shared server used when TEST_REDIS_URL is unset.
@@ -43,11 +44,7 @@ const DefaultURL = "redis://127.0.0.1:6379/0"
 // unavailable skips t, or fails it under CI=true.
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("Redis is required under CI=true: %s", msg)
-	}
-	t.Skipf("SKIPPING: %s (under CI=true this is a failure)", msg)
+	testenv.Unavailable(t, "Redis: "+format, args...)
 }
 
 // SharedURL returns the URL of the shared Redis at TEST_REDIS_URL when it

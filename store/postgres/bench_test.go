@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
@@ -43,7 +44,7 @@ func BenchmarkPostgres(b *testing.B) {
 	}
 	defer pg.Close()
 	if err := pg.Ping(ctx); err != nil {
-		if os.Getenv("CI") == "true" {
+		if testenv.CI() {
 			b.Fatalf("Postgres at TEST_DATABASE_URL cannot be used: %v", err)
 		}
 		b.Skipf("SKIPPING: no Postgres at TEST_DATABASE_URL (%s): %v", dbURL, err)

@@ -1,14 +1,12 @@
 package redis
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -183,30 +182,12 @@ func TestRedisOptions(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRedisLogger: go-redis's own messages (here, failed dials) reach the
 // store's logger as structured warnings instead of standard error.
 func TestRedisLogger(t *testing.T) {
 	srv := redistest.StartServer(t)
 	srv.Stop()
-	var buf lockedBuffer
+	var buf testenv.Buffer
 	r := newTestRedis(t, Options{URL: srv.URL(), OpTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
 	if err := r.Ping(t.Context()); !errors.Is(err, idemproxy.ErrUnavailable) {

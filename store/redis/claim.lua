@@ -12,26 +12,7 @@
 -- entry would otherwise make room for the new lock) any more than a new
 -- key is claimed.
 
--- index puts member at score created (µs) in the tenant's index idx, a
--- sorted set of its keys by creation time that the admin listing pages
--- through. Its member '' (the store indexes no empty key) holds, as a
--- negative score, the longest life (µs) of an entry indexed there: keys
--- older than that, and a minute for the clocks of a cluster's nodes, are
--- of ended entries and are trimmed when trim is set, and the index
--- outlives its newest entry by as long.
-local function index(idx, member, created, life, trim)
-  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
-  if life > longest then
-    longest = life
-    redis.call('ZADD', idx, string.format('%d', -longest), '')
-  end
-  local keep = longest + 60000000
-  redis.call('ZADD', idx, string.format('%d', created), member)
-  if trim then
-    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
-  end
-  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
-end
+-- index: indexfn.lua, which the store puts before this script's code.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])

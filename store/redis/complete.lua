@@ -8,20 +8,7 @@
 --
 -- No flags: a server out of memory refuses the whole script.
 
--- index: as in claim.lua.
-local function index(idx, member, created, life, trim)
-  local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
-  if life > longest then
-    longest = life
-    redis.call('ZADD', idx, string.format('%d', -longest), '')
-  end
-  local keep = longest + 60000000
-  redis.call('ZADD', idx, string.format('%d', created), member)
-  if trim then
-    redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
-  end
-  redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
-end
+-- index: indexfn.lua, which the store puts before this script's code.
 
 local e = redis.call('HMGET', KEYS[1], 's', 'o')
 if e[1] ~= 'l' or e[2] ~= ARGV[1] then

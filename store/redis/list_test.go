@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -272,7 +272,7 @@ func TestRedisUnindexedEntry(t *testing.T) {
 func TestRedisClusterIndexRefused(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t)
-	var logs syncBuffer
+	var logs testenv.Buffer
 	r := newTestRedis(t, Options{URL: cluster.URL(), Cluster: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := t.Context()
 	tenant := uuid.New()
@@ -325,24 +325,6 @@ func TestRedisClusterIndexRefused(t *testing.T) {
 	if n := listed(); n != 1 {
 		t.Errorf("after its completion: %d entries listed, want the record", n)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestRedisRenewKeepsIndexed: on a single server a renewal for longer

@@ -118,10 +118,10 @@ var CompleteSHA = completeScript.Hash()
 var (
 	//go:embed claim.lua
 	claimLua    string
-	claimScript = newLuaScript(claimLua)
+	claimScript = newLuaScript(withIndexFn(claimLua))
 	//go:embed complete.lua
 	completeLua    string
-	completeScript = newLuaScript(completeLua)
+	completeScript = newLuaScript(withIndexFn(completeLua))
 	//go:embed release.lua
 	releaseLua    string
 	releaseScript = newLuaScript(releaseLua)
@@ -133,7 +133,7 @@ var (
 	renewScript = newLuaScript(renewLua)
 	//go:embed hold.lua
 	holdLua    string
-	holdScript = newLuaScript(holdLua)
+	holdScript = newLuaScript(withIndexFn(holdLua))
 )
 
 // The scripts of the admin API, of the index and of Ping.
@@ -143,7 +143,7 @@ var (
 	deleteScript = newLuaScript(deleteLua)
 	//go:embed resolve.lua
 	resolveLua    string
-	resolveScript = newLuaScript(resolveLua)
+	resolveScript = newLuaScript(withIndexFn(resolveLua))
 	//go:embed index.lua
 	indexLua    string
 	indexScript = newLuaScript(indexLua)
@@ -154,6 +154,17 @@ var (
 	pingLua    string
 	pingScript = newLuaScript(pingLua)
 )
+
+//go:embed indexfn.lua
+var indexFnLua string
+
+// withIndexFn is src with indexfn.lua's function put after its first
+// line: a script's first line declares its flags (#!lua flags=…), and
+// must stay first.
+func withIndexFn(src string) string {
+	first, rest, _ := strings.Cut(src, "\n")
+	return first + "\n" + indexFnLua + rest
+}
 
 // luaScript is a script and its source, which the autopipelined path sends
 // itself when the server does not have the script cached.
