@@ -38,16 +38,13 @@ var (
 	ErrMisconfigured = errors.New("idempotency: store misconfigured")
 )
 
-// The reasons of a MisconfiguredError that the stores use. /readyz shows
-// them as "not ready: <reason>".
+// The reasons of a MisconfiguredError that more than one store uses.
+// /readyz shows a reason as "not ready: <reason>"; each store names its
+// own others.
 const (
-	ReasonDatabaseMissing  = "database does not exist"
 	ReasonAuthentication   = "authentication failed"
 	ReasonSchemaMissing    = "schema missing"
 	ReasonPermissionDenied = "permission denied"
-	ReasonUnknownParameter = "unknown connection parameter"
-	ReasonCitusMissing     = "citus extension missing"
-	ReasonNotDistributed   = "table not distributed by tenant"
 )
 
 // MisconfiguredError is a permanent store failure. errors.Is reports true
@@ -168,17 +165,3 @@ func isExported(s string) bool {
 	}
 	return true
 }
-
-// ConfigErrors collects the ConfigErrors of one struct.
-type ConfigErrors struct {
-	Struct string
-	errs   []error
-}
-
-// Add records that field is refused for reason (a format, with args).
-func (c *ConfigErrors) Add(field, reason string, args ...any) {
-	c.errs = append(c.errs, &ConfigError{Struct: c.Struct, Field: field, Reason: fmt.Sprintf(reason, args...)})
-}
-
-// Err joins what was added, or returns nil.
-func (c *ConfigErrors) Err() error { return errors.Join(c.errs...) }

@@ -1,10 +1,22 @@
 // Package idemproxy is the vocabulary shared by the idempotency sidecar's
-// packages and by anyone who embeds its middleware or writes a store: the
-// Store contract every store implements (memory, Postgres, Redis), what a
-// store keeps for a (tenant, key) pair (Entry: a lock while the command is
-// in flight, a record once it succeeded), the sentinel errors that cross
-// package boundaries, and the RFC 9457 problem writer with the one mapping
-// from errors to problems (ProblemFor).
+// packages and by anyone who embeds its middleware or writes a store, and
+// nothing else:
+//
+//   - the Store contract every store implements (memory, Postgres, Redis;
+//     Transactor for a store that runs a command in a database
+//     transaction), and what a store keeps for a (tenant, key): Entry — a
+//     lock while the command is in flight, a record once it succeeded, a
+//     held key when its outcome is unknown — with the Claim, Completion,
+//     Holding and Resolution that change it, and the listing's
+//     ListOptions, Page and Cursor;
+//   - the sentinel errors that cross package boundaries (ErrNotFound,
+//     ErrNotOwner, ErrUnavailable, ErrFull…), the permanent and passing
+//     store failures (MisconfiguredError, UnavailableError) and a refused
+//     setting (ConfigError);
+//   - the problems idemproxy answers with: Problem and its types, whose
+//     slugs are public interface (internal/problem renders them);
+//   - the tenant of a request, in its context (WithTenant, TenantFrom),
+//     which the tenancy middleware sets and the idempotency step reads.
 //
 // It depends on nothing but the standard library and uuid, so every other
 // package may import it without creating a cycle. The idempotency step

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // Reasons a command may legitimately run a second time (the documented
@@ -377,7 +377,7 @@ func judge(execs map[string][]execution, byCmd map[string]int, results []*keyRes
 		for _, cmd := range unheldNoAnswer {
 			if !ev.notHeld[cmd] {
 				violate("command %s was answered 502 upstream-no-response with %s: true under hold, but its replica did not log that the key could not be held",
-					cmd, idemproxy.HeaderShouldRetry)
+					cmd, problem.HeaderShouldRetry)
 			}
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // Kinds of answer a client request can end with.
@@ -415,7 +416,7 @@ func (c *client) do(s *slot, keyHeader, tenant, body string) answer {
 	a.status = resp.StatusCode
 	a.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	a.commandID = resp.Header.Get("Idempotency-Command-Id")
-	a.hint = resp.Header.Get(idemproxy.HeaderShouldRetry)
+	a.hint = resp.Header.Get(problem.HeaderShouldRetry)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt == "application/problem+json" {
 		var p struct {
@@ -477,22 +478,22 @@ func checkAnswer(a answer, h http.Header, mediaType string, body []byte, release
 			return fmt.Sprintf("idemproxy error that is not application/problem+json (%s)", mediaType)
 		}
 	}
-	hint, stripe := h.Values(idemproxy.HeaderShouldRetry), h.Values(idemproxy.HeaderStripeShouldRetry)
+	hint, stripe := h.Values(problem.HeaderShouldRetry), h.Values(problem.HeaderStripeShouldRetry)
 	if a.problem == "" {
 		// The upstream's own answer (2xx or 500), or a replay of one.
 		if len(hint) > 0 || len(stripe) > 0 {
 			return fmt.Sprintf("the upstream's answer or its replay carries retry hints (%s %q, %s %q)",
-				idemproxy.HeaderShouldRetry, hint, idemproxy.HeaderStripeShouldRetry, stripe)
+				problem.HeaderShouldRetry, hint, problem.HeaderStripeShouldRetry, stripe)
 		}
 		return ""
 	}
 	if len(hint) != 1 || len(stripe) != 1 || hint[0] != stripe[0] || (hint[0] != "true" && hint[0] != "false") {
 		return fmt.Sprintf("retry hints %s %q, %s %q: want one of each, both true or both false",
-			idemproxy.HeaderShouldRetry, hint, idemproxy.HeaderStripeShouldRetry, stripe)
+			problem.HeaderShouldRetry, hint, problem.HeaderStripeShouldRetry, stripe)
 	}
 	want := wantHint(a.problem, release)
 	if want != "" && hint[0] != want {
-		return fmt.Sprintf("%s: %s, want %s", idemproxy.HeaderShouldRetry, hint[0], want)
+		return fmt.Sprintf("%s: %s, want %s", problem.HeaderShouldRetry, hint[0], want)
 	}
 	switch a.problem {
 	case idemproxy.ProblemOutcomeUnknown.Slug:

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
@@ -94,7 +95,7 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout 
 			c.End()
 			c.info.Outcome = OutcomeStoreUnavailable
 			g.log.ErrorContext(r.Context(), "transaction not begun", "request_id", c.info.RequestID, "error", err)
-			g.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+			g.WriteProblem(w, problem.For(err, g.cfg.Setting))
 			return nil, nil
 		}
 	}
@@ -185,7 +186,7 @@ func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx
 		c.End()
 		ri.Outcome = OutcomeStoreUnavailable
 		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
-		g.WriteProblem(w, idemproxy.ProblemFor(err, g.cfg.Setting))
+		g.WriteProblem(w, problem.For(err, g.cfg.Setting))
 		return false
 	case existing != nil:
 		c.End()

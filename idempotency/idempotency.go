@@ -9,6 +9,8 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/ascii"
+	"github.com/idemproxy/idemproxy/internal/configerr"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // Mode says how a request whose key already has a record is answered.
@@ -219,7 +221,7 @@ func defaultTo[T time.Duration | int64](v *T, def T) {
 // error. It does not look at Store, which New requires.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	errs := idemproxy.ConfigErrors{Struct: "idempotency.Config"}
+	errs := configerr.Errors{Struct: "idempotency.Config"}
 	if !isMode(c.Mode) {
 		errs.Add("Mode", "must be noop, strict or replay, got %q", c.Mode)
 	}
@@ -423,9 +425,9 @@ func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) 
 // unreachable) with it too.
 func (g *Step) WriteProblem(w http.ResponseWriter, prob *idemproxy.Problem) {
 	if !g.cfg.NoRetryHints {
-		idemproxy.SetRetryHint(w.Header(), prob.RetryHint())
+		problem.SetRetryHint(w.Header(), problem.RetryHint(prob))
 	}
-	idemproxy.WriteProblem(w, prob)
+	problem.Write(w, prob)
 }
 
 // retryAfter is a wait in whole seconds, rounded down so that a wait cut

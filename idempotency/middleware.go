@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // Middleware mounts the idempotency step around next, a handler of a Go
@@ -273,7 +274,7 @@ func (h *heldResponse) commit(partial bool) {
 		// the commit's answer was lost), so its response must not go.
 		h.failed = true
 		h.drop()
-		h.cmd.idem.WriteProblem(h.w, idemproxy.ProblemFor(err, h.cmd.idem.cfg.Setting))
+		h.cmd.idem.WriteProblem(h.w, problem.For(err, h.cmd.idem.cfg.Setting))
 		return
 	}
 	out := h.w.Header()

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
 )
@@ -23,8 +24,8 @@ func TestMigrateCitus(t *testing.T) {
 	res, err := migrations.Migrate(t.Context(), dbURL, migrations.Up, nil, migrations.Citus(true))
 	if !pgtest.Citus() {
 		var mis *idemproxy.MisconfiguredError
-		if !errors.As(err, &mis) || mis.Reason != idemproxy.ReasonCitusMissing {
-			t.Fatalf("Citus on a database without the extension: %v, want %q", err, idemproxy.ReasonCitusMissing)
+		if !errors.As(err, &mis) || mis.Reason != pgerr.ReasonCitusMissing {
+			t.Fatalf("Citus on a database without the extension: %v, want %q", err, pgerr.ReasonCitusMissing)
 		}
 		return
 	}

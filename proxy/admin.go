@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -130,12 +131,12 @@ func (a *admin) readiness(ctx context.Context) (int, string) {
 func (a *admin) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.cfg.Token == "" {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemNotFound, "the admin API is disabled (set IDEMPROXY_ADMIN_TOKEN)"))
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemNotFound, "the admin API is disabled (set IDEMPROXY_ADMIN_TOKEN)"))
 			return
 		}
 		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(token), []byte(a.cfg.Token)) != 1 {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemUnauthorized, "a valid admin bearer token is required"))
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemUnauthorized, "a valid admin bearer token is required"))
 			return
 		}
 		next.ServeHTTP(w, r)

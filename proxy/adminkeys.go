@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -52,7 +53,7 @@ func keyView(e idemproxy.Entry) KeyView {
 func (a *admin) tenantParam(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	tenant, err := a.cfg.TenantFormat.ParseValues(r.URL.Query()["tenant"])
 	if err != nil {
-		idemproxy.WriteProblem(w, tenancy.InvalidTenant("query parameter tenant", err, Variable))
+		problem.Write(w, tenancy.InvalidTenant("query parameter tenant", err, Variable))
 		return uuid.Nil, false
 	}
 	return tenant, true
@@ -66,7 +67,7 @@ func (a *admin) target(w http.ResponseWriter, r *http.Request) (idemproxy.Entry,
 	}
 	key, err := idempotency.ParseKey(q["key"])
 	if err != nil {
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, "query parameter key: "+err.Error()))
+		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidKey, "query parameter key: "+err.Error()))
 		return idemproxy.Entry{}, false
 	}
 	return idemproxy.Entry{Tenant: tenant, Key: key}, true
@@ -78,7 +79,7 @@ func (a *admin) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.Is(err, idemproxy.ErrNotFound) {
 		a.log.WarnContext(r.Context(), "admin: store operation failed", "error", err)
 	}
-	idemproxy.WriteProblem(w, idemproxy.ProblemFor(err, Variable))
+	problem.Write(w, problem.For(err, Variable))
 }
 
 // getKeys shows one key's lock or record when the key parameter is
@@ -114,7 +115,7 @@ func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > idemproxy.MaxListLimit {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 				fmt.Sprintf("query parameter limit must be a whole number from 1 to %d, got %q", idemproxy.MaxListLimit, v)))
 			return
 		}
@@ -123,7 +124,7 @@ func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("cursor"); v != "" {
 		c, err := idemproxy.ParseCursor(v)
 		if err != nil {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 				"query parameter cursor must be a next_cursor returned by this API"))
 			return
 		}
@@ -134,7 +135,7 @@ func (a *admin) listKeys(w http.ResponseWriter, r *http.Request) {
 	case idemproxy.StateUnknown.String():
 		opts.Held = true
 	default:
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 			fmt.Sprintf("query parameter state must be %s (the held keys), got %q", idemproxy.StateUnknown, v)))
 		return
 	}
@@ -189,12 +190,12 @@ func (a *admin) resolveKey(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil {
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 			`the body must be JSON {"status": N, "command_id": "…"} (command_id optional): `+err.Error()))
 		return
 	}
 	if body.Status < 100 || body.Status > 599 {
-		idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 			fmt.Sprintf("status must be an HTTP status code from 100 to 599, got %d", body.Status)))
 		return
 	}
@@ -202,7 +203,7 @@ func (a *admin) resolveKey(w http.ResponseWriter, r *http.Request) {
 	if body.CommandID != "" {
 		id, err := uuid.Parse(body.CommandID)
 		if err != nil {
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidParameter,
 				fmt.Sprintf("command_id must be a UUID, got %q", body.CommandID)))
 			return
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 var (
@@ -141,7 +142,7 @@ func (p *Proxy) recover(next http.Handler) http.Handler {
 			}
 			p.log.ErrorContext(r.Context(), "panic", "request_id", idempotency.InfoFrom(r.Context()).RequestID,
 				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			idemproxy.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
+			problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
 		}()
 		next.ServeHTTP(w, r)
 	})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/configerr"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -54,7 +55,7 @@ type Config struct {
 // *idemproxy.ConfigError values joined in one error. It does not look at
 // the collaborators New requires: Store and Tenancy.
 func (c Config) Validate() error {
-	errs := idemproxy.ConfigErrors{Struct: "proxy.Config"}
+	errs := configerr.Errors{Struct: "proxy.Config"}
 	if u := c.Upstream; u == nil {
 		errs.Add("Upstream", "is required (the URL of the service to protect)")
 	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

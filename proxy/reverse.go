@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/ascii"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // forward mounts the idempotency step in front of the reverse proxy
@@ -154,7 +155,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	switch {
 	case cmd == nil:
 		p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
-		idemproxy.WriteProblem(w, prob)
+		problem.Write(w, prob)
 		return
 	case cmd.Step().ReportOnly():
 		// Settled (a detached call settles when it ends), and answered
@@ -169,7 +170,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		}
 		ri.Outcome = idempotency.OutcomeUpstreamError
 		p.log.WarnContext(r.Context(), "upstream error", "request_id", ri.RequestID, "error", err, "sent", !notSent)
-		idemproxy.WriteProblem(w, prob)
+		problem.Write(w, prob)
 		return
 	case errors.Is(err, errDetached):
 		ri.Outcome = idempotency.OutcomeUpstreamError

@@ -6,7 +6,7 @@ import (
 	"os"
 	"sync/atomic"
 
-	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/configerr"
 )
 
 // TLSFiles names the PEM files of a TLS listener.
@@ -67,7 +67,7 @@ func (f TLSFiles) Validate() error {
 // load reads the files into a listener's configuration. Its errors are
 // *idemproxy.ConfigError values naming the file's field.
 func (f TLSFiles) load() (*tls.Config, error) {
-	errs := idemproxy.ConfigErrors{Struct: "proxy.TLSFiles"}
+	errs := configerr.Errors{Struct: "proxy.TLSFiles"}
 	read := func(field, path string) []byte {
 		if path == "" {
 			errs.Add(field, "is required for TLS: both {CertFile} and {KeyFile}, PEM files")

@@ -22,6 +22,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/configerr"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
@@ -287,7 +289,7 @@ const minSecret = 32
 // Validate reports every setting of c that New refuses, as
 // *idemproxy.ConfigError values joined in one error.
 func (c Config) Validate() error {
-	errs := idemproxy.ConfigErrors{Struct: "tenancy.Config"}
+	errs := configerr.Errors{Struct: "tenancy.Config"}
 	for _, reason := range sourceListErrors(c.Sources) {
 		errs.Add("Sources", "%s", reason)
 	}
@@ -466,7 +468,7 @@ type MiddlewareOptions struct {
 func (r *Resolver) Middleware(opts MiddlewareOptions) func(http.Handler) http.Handler {
 	refuse := opts.ErrorHandler
 	if refuse == nil {
-		refuse = func(w http.ResponseWriter, _ *http.Request, p *idemproxy.Problem) { idemproxy.WriteProblem(w, p) }
+		refuse = func(w http.ResponseWriter, _ *http.Request, p *idemproxy.Problem) { problem.Write(w, p) }
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

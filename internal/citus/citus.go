@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
 // DistributionSQL reads, in one round trip and without failing on a
@@ -38,13 +39,13 @@ const ByTenant = "hash:tenant_id"
 func Check(installed bool, dist string) error {
 	switch {
 	case !installed:
-		return idemproxy.Misconfigured(idemproxy.ReasonCitusMissing,
+		return idemproxy.Misconfigured(pgerr.ReasonCitusMissing,
 			errors.New("the citus extension is not installed in this database (CREATE EXTENSION citus on the coordinator and every worker)"))
 	case dist == "":
-		return idemproxy.Misconfigured(idemproxy.ReasonNotDistributed,
+		return idemproxy.Misconfigured(pgerr.ReasonNotDistributed,
 			errors.New("idempotency_keys is not distributed: SELECT create_distributed_table('idempotency_keys', 'tenant_id') on the coordinator"))
 	case dist != ByTenant:
-		return idemproxy.Misconfigured(idemproxy.ReasonNotDistributed,
+		return idemproxy.Misconfigured(pgerr.ReasonNotDistributed,
 			fmt.Errorf("idempotency_keys is distributed as %s, not by hash of tenant_id: every statement of the store would span shards", dist))
 	}
 	return nil

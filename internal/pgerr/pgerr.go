@@ -16,6 +16,15 @@ import (
 	"github.com/idemproxy/idemproxy"
 )
 
+// The reasons of a MisconfiguredError that only Postgres (and Citus)
+// give.
+const (
+	ReasonDatabaseMissing  = "database does not exist"
+	ReasonUnknownParameter = "unknown connection parameter"
+	ReasonCitusMissing     = "citus extension missing"
+	ReasonNotDistributed   = "table not distributed by tenant"
+)
+
 // Failure turns an error from the driver, met while doing op, into the
 // store's: a request the database rejected as invalid (SQLSTATE classes
 // 22 and 23) is reported as such; a failure that retrying will not cure
@@ -58,7 +67,7 @@ func PermanentReason(err error) string {
 	}
 	switch pgErr.Code {
 	case "3D000": // invalid_catalog_name
-		return idemproxy.ReasonDatabaseMissing
+		return ReasonDatabaseMissing
 	case "28P01", "28000": // invalid_password, invalid_authorization_specification
 		return idemproxy.ReasonAuthentication
 	case "42P01", "42703", "3F000": // undefined_table, undefined_column, invalid_schema_name
@@ -71,7 +80,7 @@ func PermanentReason(err error) string {
 		// statement, a type or object the schema lacks.
 		var connect *pgconn.ConnectError
 		if errors.As(err, &connect) {
-			return idemproxy.ReasonUnknownParameter
+			return ReasonUnknownParameter
 		}
 		return idemproxy.ReasonSchemaMissing
 	}

@@ -1,8 +1,6 @@
 package memory
 
-import (
-	"github.com/idemproxy/idemproxy"
-)
+import "github.com/idemproxy/idemproxy/internal/configerr"
 
 // minMemoryBytes is the smallest Options.MaxBytes accepted.
 const minMemoryBytes = 1 << 20
@@ -11,7 +9,7 @@ const minMemoryBytes = 1 << 20
 // as *idemproxy.ConfigError values joined in one error. New replaces
 // zero values by their defaults.
 func (o Options) Validate() error {
-	errs := idemproxy.ConfigErrors{Struct: "memory.Options"}
+	errs := configerr.Errors{Struct: "memory.Options"}
 	if o.MaxEntries < 0 {
 		errs.Add("MaxEntries", "must be positive, got %d", o.MaxEntries)
 	}

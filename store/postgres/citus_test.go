@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -88,10 +89,10 @@ func TestPingChecksDistribution(t *testing.T) {
 	p := newTestPostgres(t, Options{URL: dbURL, Citus: true})
 	err := p.Ping(t.Context())
 	if !pgtest.Citus() {
-		wantMisconfigured(t, "ping with Citus on a database without it", err, idemproxy.ReasonCitusMissing)
+		wantMisconfigured(t, "ping with Citus on a database without it", err, pgerr.ReasonCitusMissing)
 		return
 	}
-	wantMisconfigured(t, "ping on a table left local", err, idemproxy.ReasonNotDistributed)
+	wantMisconfigured(t, "ping on a table left local", err, pgerr.ReasonNotDistributed)
 	if err != nil && !strings.Contains(err.Error(), "create_distributed_table") {
 		t.Errorf("%q does not say how to fix it", err)
 	}

@@ -4,12 +4,12 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/configerr"
 )
 
 // *idemproxy.ConfigError values joined in one error; it opens nothing.
 func (o Options) Validate() error {
-	errs := idemproxy.ConfigErrors{Struct: "postgres.Options"}
+	errs := configerr.Errors{Struct: "postgres.Options"}
 	if o.URL == "" {
 		errs.Add("URL", "is required")
 	} else if err := CheckURL(o.URL); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/pgerr"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/storetest"
@@ -112,9 +113,9 @@ func TestPostgresPermanentConnectionErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, url, reason string
 	}{
-		{"database does not exist", noDatabase.String(), idemproxy.ReasonDatabaseMissing},
+		{"database does not exist", noDatabase.String(), pgerr.ReasonDatabaseMissing},
 		{"role does not exist", noRole.String(), idemproxy.ReasonAuthentication},
-		{"unknown parameter", typo.String(), idemproxy.ReasonUnknownParameter},
+		{"unknown parameter", typo.String(), pgerr.ReasonUnknownParameter},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPostgres(t, Options{URL: tc.url})

@@ -15,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/configerr"
 )
 
 // Options configures New. URL is required; every other zero
@@ -248,7 +249,7 @@ func New(opts Options) (*Store, error) {
 // *idemproxy.ConfigError values joined in one error; it connects to
 // nothing. An error never echoes the URL, which may carry a password.
 func (o Options) Validate() error {
-	errs := idemproxy.ConfigErrors{Struct: "redis.Options"}
+	errs := configerr.Errors{Struct: "redis.Options"}
 	var err error
 	switch {
 	case o.URL == "":
