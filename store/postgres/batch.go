@@ -192,7 +192,7 @@ func (p *Store) claimAll(ops []*claimOp, rows []int) ([]idemproxy.ClaimResult, [
 		case err == nil:
 		case pgerr.Rejected(err):
 			for _, i := range pending {
-				results[i], errs[i] = p.claimOne(ctx, ops[i].req)
+				results[i], errs[i] = p.claimIn(ctx, p.pool, ops[i].req)
 			}
 			pending = nil
 		default:
@@ -226,7 +226,7 @@ func (p *Store) releaseAbandoned(c idemproxy.Claim) {
 func (p *Store) claimRows(ctx context.Context, ops []*claimOp, idx []int, results []idemproxy.ClaimResult) ([]int, error) {
 	if len(idx) == 1 {
 		// A batch of one costs the database less as the single statement.
-		res, shown, err := p.claimOnce(ctx, &ops[idx[0]].req)
+		res, shown, err := p.claimRow(ctx, p.pool, &ops[idx[0]].req)
 		if err != nil || !shown {
 			return idx, err
 		}
@@ -296,7 +296,7 @@ func (p *Store) runCompletes(ops []*completeOp) {
 	slices.SortFunc(ops, func(a, b *completeOp) int { return strings.Compare(a.req.key, b.req.key) })
 	errs := p.runCAS(len(ops), "complete",
 		func(ctx context.Context) ([]bool, error) { return p.completeRows(ctx, ops) },
-		func(ctx context.Context, i int) error { return p.completeOne(ctx, ops[i].req) })
+		func(ctx context.Context, i int) error { return p.completeIn(ctx, p.pool, &ops[i].req) })
 	for i, o := range ops {
 		o.finish(struct{}{}, errs[i])
 	}

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemproxy/idemproxy"
@@ -115,13 +114,6 @@ func (p *Store) checkDistributed(ctx context.Context) error {
 		return pgerr.Failure("ping", err)
 	}
 	return citus.Check(version.Valid, dist.String)
-}
-
-// querier is what a claim runs its statements through: the pool or a
-// transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // citusClaimRows is claimRows on Citus: one multi-row INSERT for the

@@ -7,6 +7,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/configerr"
 )
 
+// Validate reports every setting of o that New refuses, as
 // *idemproxy.ConfigError values joined in one error; it opens nothing.
 func (o Options) Validate() error {
 	errs := configerr.Errors{Struct: "postgres.Options"}
@@ -15,6 +16,13 @@ func (o Options) Validate() error {
 	} else if err := CheckURL(o.URL); err != nil {
 		errs.Add("URL", "%v", err)
 	}
+	o.checkSettings(&errs)
+	return errs.Err()
+}
+
+// checkSettings adds to errs what is wrong with o's settings other than
+// URL: what New and NewFromPool both check.
+func (o Options) checkSettings(errs *configerr.Errors) {
 	if o.MaxConns < 0 {
 		errs.Add("MaxConns", "must be positive, got %d", o.MaxConns)
 	}
@@ -33,7 +41,6 @@ func (o Options) Validate() error {
 			errs.Add(field, "must be a positive duration, got %s", d)
 		}
 	}
-	return errs.Err()
 }
 
 // withDefaults fills in what zero means for every option but URL and

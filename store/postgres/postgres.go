@@ -248,6 +248,14 @@ func (p *Store) Close() {
 	p.pool.Close()
 }
 
+// executor is what the store's statements run through: its pool, or a
+// command's transaction (pgx.Tx), so that a claim or a completion is one
+// piece of code either way.
+type executor interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
 // claimAttempts bounds how often Claim reruns its statement when a
 // concurrent commit hid the conflicting row from it.
 const claimAttempts = 10
@@ -264,13 +272,15 @@ func (p *Store) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimRe
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	return p.claimOne(ctx, c)
+	return p.claimIn(ctx, p.pool, c)
 }
 
-// claimOne runs ClaimSQL until it shows the row.
-func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
+// claimIn runs the claim of c through q (the pool or a transaction) until
+// a statement shows the row: a concurrent commit can hide the conflicting
+// row from a statement's snapshot.
+func (p *Store) claimIn(ctx context.Context, q executor, c idemproxy.Claim) (idemproxy.ClaimResult, error) {
 	for range claimAttempts {
-		res, shown, err := p.claimOnce(ctx, &c)
+		res, shown, err := p.claimRow(ctx, q, &c)
 		if err != nil {
 			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
 		}
@@ -281,17 +291,11 @@ func (p *Store) claimOne(ctx context.Context, c idemproxy.Claim) (idemproxy.Clai
 	return idemproxy.ClaimResult{}, errClaimOutOfSight
 }
 
-// claimOnce runs ClaimSQL once. shown is false when the statement's
-// snapshot hid the conflicting row; the driver's error is returned as is.
-func (p *Store) claimOnce(ctx context.Context, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
-	return p.claimRow(ctx, p.pool, c)
-}
-
 // claimRow runs the claim of c once through q (the pool or a
 // transaction): ClaimSQL, or on Citus citusClaimSQL and, when it wrote no
 // row, claimConflictSQL. shown is false when no statement showed the row;
 // the driver's error is returned as is.
-func (p *Store) claimRow(ctx context.Context, q querier, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
+func (p *Store) claimRow(ctx context.Context, q executor, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
 	sql := p.sql.claim
 	if p.citus {
 		sql = p.sql.citusClaim
@@ -322,16 +326,9 @@ func claimParams(c *idemproxy.Claim, graceUS int64) []any {
 // if the lock is gone, already completed or held by another owner. A lock
 // whose lease ended but that no one claimed since is still completed.
 func (p *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
-	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
-	if r := c.Response; r != nil {
-		if r.Header != nil {
-			h, err := json.Marshal(r.Header)
-			if err != nil {
-				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
-			}
-			a.header = h
-		}
-		a.body, a.truncated = r.Body, &r.Truncated
+	a, err := completeArgsOf(c)
+	if err != nil {
+		return err
 	}
 	if p.batches != nil {
 		_, err := p.batches.completes.do(ctx, p.opTimeout, a.tenant, a)
@@ -339,7 +336,24 @@ func (p *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opTimeout)
 	defer cancel()
-	return p.completeOne(ctx, a)
+	return p.completeIn(ctx, p.pool, &a)
+}
+
+// completeArgsOf is c as CompleteSQL writes it: the response's header
+// encoded as JSON.
+func completeArgsOf(c idemproxy.Completion) (completeArgs, error) {
+	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
+	if r := c.Response; r != nil {
+		if r.Header != nil {
+			h, err := json.Marshal(r.Header)
+			if err != nil {
+				return a, fmt.Errorf("store: postgres complete: encode response header: %w", err)
+			}
+			a.header = h
+		}
+		a.body, a.truncated = r.Body, &r.Truncated
+	}
+	return a, nil
 }
 
 // completeParams are CompleteSQL's parameters.
@@ -354,8 +368,13 @@ func completeParams(a *completeArgs) []any {
 	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
 }
 
-func (p *Store) completeOne(ctx context.Context, a completeArgs) error {
-	tag, err := p.pool.Exec(ctx, p.sql.complete.next(1), completeParams(&a)...)
+// completeIn runs CompleteSQL for a through q (the pool or a transaction).
+// pgx.ErrTxClosed is returned as is, for a transaction's caller to tell.
+func (p *Store) completeIn(ctx context.Context, q executor, a *completeArgs) error {
+	tag, err := q.Exec(ctx, p.sql.complete.next(1), completeParams(a)...)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
 	if err != nil {
 		return pgerr.Failure("complete", err)
 	}

@@ -2,15 +2,14 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/configerr"
 	"github.com/idemproxy/idemproxy/internal/pgerr"
 )
 
@@ -86,12 +85,12 @@ func NewFromPool(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, &idemproxy.ConfigError{Struct: "postgres", Field: "NewFromPool", Reason: "needs a pool, got nil"}
 	}
+	errs := configerr.Errors{Struct: "postgres.Options"}
 	if opts.URL != "" {
-		return nil, &idemproxy.ConfigError{Struct: "postgres.Options", Field: "URL", Reason: "must be empty with NewFromPool: the pool is already connected"}
+		errs.Add("URL", "must be empty with NewFromPool: the pool is already connected")
 	}
-	check := opts
-	check.URL = "postgres://localhost/x" // only the other fields are checked
-	if err := check.Validate(); err != nil {
+	opts.checkSettings(&errs)
+	if err := errs.Err(); err != nil {
 		return nil, err
 	}
 	p := newStore(pool, opts.withDefaults())
@@ -174,45 +173,22 @@ func (t *commandTx) Claim(ctx context.Context, c idemproxy.Claim) (idemproxy.Cla
 			Fingerprint: c.Fingerprint, Remaining: c.Lease,
 		}}, nil
 	}
-	for range claimAttempts {
-		res, shown, err := t.p.claimRow(ctx, t.tx, &c)
-		if err != nil {
-			return idemproxy.ClaimResult{}, pgerr.Failure("claim", err)
-		}
-		if shown {
-			return res, nil
-		}
-		// A concurrent commit hid the conflicting row: again.
-	}
-	return idemproxy.ClaimResult{}, errClaimOutOfSight
+	return t.p.claimIn(ctx, t.tx, c)
 }
 
 // Complete turns the transaction's lock into a record, in the transaction.
 func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error {
-	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
-	if r := c.Response; r != nil {
-		if r.Header != nil {
-			h, err := json.Marshal(r.Header)
-			if err != nil {
-				return fmt.Errorf("store: postgres complete: encode response header: %w", err)
-			}
-			a.header = h
-		}
-		a.body, a.truncated = r.Body, &r.Truncated
+	a, err := completeArgsOf(c)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.p.opTimeout)
 	defer cancel()
-	tag, err := t.tx.Exec(ctx, t.p.sql.complete.next(1), completeParams(&a)...)
+	err = t.p.completeIn(ctx, t.tx, &a)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return t.completeEnded(ctx, &a)
 	}
-	if err != nil {
-		return pgerr.Failure("complete", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return idemproxy.ErrNotOwner
-	}
-	return nil
+	return err
 }
 
 // completeEnded completes the lock of a command whose function ended its
@@ -221,22 +197,19 @@ func (t *commandTx) Complete(ctx context.Context, c idemproxy.Completion) error 
 // that was rolled back is found nowhere, and the key is free.
 func (t *commandTx) completeEnded(ctx context.Context, a *completeArgs) error {
 	t.ended = true
-	var (
-		tag pgconn.CommandTag
-		err = pgx.ErrTxClosed
-	)
+	err := pgx.ErrTxClosed
 	if t.outer != nil {
-		tag, err = t.outer.Exec(ctx, t.p.sql.complete.next(1), completeParams(a)...)
+		err = t.p.completeIn(ctx, t.outer, a)
 	}
 	if errors.Is(err, pgx.ErrTxClosed) {
-		tag, err = t.p.pool.Exec(ctx, t.p.sql.complete.next(1), completeParams(a)...)
+		err = t.p.completeIn(ctx, t.p.pool, a)
 	}
 	switch {
+	case errors.Is(err, idemproxy.ErrNotOwner):
+		return fmt.Errorf("%w: it was rolled back, with the claim; the key is free", ErrTxEnded)
 	case err != nil:
 		return fmt.Errorf("%w; the record could not be written after it either, so the key stays locked until its lease ends: %w",
-			ErrTxEnded, pgerr.Failure("complete", err))
-	case tag.RowsAffected() == 0:
-		return fmt.Errorf("%w: it was rolled back, with the claim; the key is free", ErrTxEnded)
+			ErrTxEnded, err)
 	}
 	return fmt.Errorf("%w: it was committed (or its savepoint released), and the record was written after it, so a retry replays", ErrTxEnded)
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -601,4 +602,49 @@ func TestTxEndedInsideTheFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantReplay(t.Context(), "savepoint")
+}
+
+// TestNewFromPoolChecksOptions: NewFromPool refuses a URL and every bad
+// setting New would refuse, naming each field, and opens nothing.
+func TestNewFromPoolChecksOptions(t *testing.T) {
+	if _, err := NewFromPool(nil, Options{}); err == nil {
+		t.Fatal("NewFromPool(nil) succeeded")
+	}
+	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none") // never dialled: pgxpool connects lazily
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	_, err = NewFromPool(pool, Options{URL: "postgres://localhost/app", MaxBatch: -1, OpTimeout: -time.Second})
+	var fields []string
+	for _, e := range joined(err) {
+		var ce *idemproxy.ConfigError
+		if !errors.As(e, &ce) {
+			t.Fatalf("%v is not a *idemproxy.ConfigError", e)
+		}
+		fields = append(fields, ce.Field)
+	}
+	if want := []string{"URL", "MaxBatch", "OpTimeout"}; !slices.Equal(fields, want) {
+		t.Fatalf("NewFromPool named %v, want %v (error: %v)", fields, want, err)
+	}
+	st, err := NewFromPool(pool, Options{MaxBatch: 8})
+	if err != nil {
+		t.Fatalf("NewFromPool with good options: %v", err)
+	}
+	st.Close()
+}
+
+// joined is the errors err joins, or err alone.
+func joined(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
 }
