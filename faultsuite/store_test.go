@@ -4,10 +4,12 @@ package faultsuite
 
 import (
 	"context"
+	"crypto/sha1"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,8 +131,25 @@ func redisBackend(t *testing.T) *backend {
 			redistest.Delete(t, c, redistest.IndexKey(redis.DefaultPrefix, tenant))
 		}
 	}
-	b.completion.marker = []byte(redis.CompleteSHA)
+	b.completion.marker = []byte(redisCompleteSHA(t))
 	return b
+}
+
+// redisCompleteSHA is the SHA-1 by which the Redis store calls its
+// completion script (EVALSHA): complete.lua with indexfn.lua put in
+// after its first line, as store/redis assembles it. Should the two
+// drift apart, the marker is never seen and the test that arms it fails
+// ("not dropped").
+func redisCompleteSHA(t *testing.T) string {
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join("..", "store", "redis", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	first, rest, _ := strings.Cut(read("complete.lua"), "\n")
+	return fmt.Sprintf("%x", sha1.Sum([]byte(first+"\n"+read("indexfn.lua")+rest)))
 }
 
 // lookupAll reads each key id's live entry from the Redis store at

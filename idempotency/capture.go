@@ -14,7 +14,7 @@ import (
 // success status is recorded (with the response, captured as it streams
 // by, in mode replay), any other releases the key; resp then carries
 // Idempotency-Command-Id, unless the attempt is report-only's.
-func (c *Attempt) SettleResponse(resp *http.Response) {
+func (c *attempt) SettleResponse(resp *http.Response) {
 	var stored *idemproxy.Response
 	if c.KeepsResponse(resp.StatusCode) {
 		stored = c.capture(resp)
@@ -32,7 +32,7 @@ func (c *Attempt) SettleResponse(resp *http.Response) {
 // or resp.Body is closed. A body that is too large, that the budget has
 // no room for, or that breaks off is recorded without it (it replays like
 // mode noop) and streams on.
-func (c *Attempt) capture(resp *http.Response) *idemproxy.Response {
+func (c *attempt) capture(resp *http.Response) *idemproxy.Response {
 	stored := &idemproxy.Response{Header: replayHeader(resp.Header)}
 	limit := c.idem.cfg.ReplayMaxBytes
 	if resp.ContentLength > limit {

@@ -15,25 +15,26 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
 	"github.com/idemproxy/idemproxy/internal/urlpath"
 )
 
 // The lifecycle of a checked request, as docs/behaviour.md tells it.
-// Begin follows its first table: what the store holds for the key decides
+// begin follows its first table: what the store holds for the key decides
 // the answer, and only a key nobody holds is claimed and forwarded. The
-// Attempt's methods after that follow its second table: what the upstream
+// attempt's methods after that follow its second table: what the upstream
 // did decides what becomes of the key. Two mountings drive it: the
 // sidecar's reverse proxy (package proxy) and, in a Go service,
 // Middleware around a handler (middleware.go).
 
-// TenantRequiredDetail is the detail of the 400 for a key without a tenant.
-const TenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey is set"
+// tenantRequiredDetail is the detail of the 400 for a key without a tenant.
+const tenantRequiredDetail = "idempotency: TenantID required when IdempotencyKey is set"
 
-// Attempt is one checked request whose key it claimed, on its way to the
+// attempt is one checked request whose key it claimed, on its way to the
 // upstream (or the wrapped handler): the command is in flight until the
 // mounting settles it with Answered, NotSent or Unknown, and then calls
 // End.
-type Attempt struct {
+type attempt struct {
 	idem  *Step
 	claim idemproxy.Claim
 	info  *Info
@@ -64,26 +65,18 @@ type Attempt struct {
 	settling bool
 }
 
-// Begin handles a checked request (see Checked) up to its forwarding.
-// When the request is Answered here (bad input, the key locked or
+// begin handles a checked request (see Checked) up to its forwarding.
+// When the request is answered here (bad input, the key locked or
 // recorded, the store unusable) it returns nil. Otherwise the key is
-// claimed: Begin returns the attempt and the request to forward, whose
+// claimed: begin returns the attempt and the request to forward, whose
 // context no longer ends with the client's (a claimed command runs and
-// records to the end whatever the client does) but after UpstreamTimeout,
-// carries the attempt (AttemptFrom) and whose body is the one Begin
-// buffered. The caller forwards that request exactly once, settles the
-// outcome with Answered, NotSent or Unknown, and calls End. The
-// forwarded request's context ends after CommandTimeout: a mounting that
-// answers its client after UpstreamTimeout (Config.UpstreamTimeout) lets
-// the call go on with Detach.
-func (g *Step) Begin(w http.ResponseWriter, r *http.Request) (*Attempt, *http.Request) {
-	return g.begin(w, r, false, g.cfg.CommandTimeout)
-}
-
-// begin is Begin, with the claim and the command in a transaction when
-// inTx is set (the forwarded request's context then carries it), and the
-// forwarded request's context ending after timeout.
-func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout time.Duration) (*Attempt, *http.Request) {
+// records to the end whatever the client does) but after timeout,
+// carries the attempt (attemptFrom) and whose body is the one begin
+// buffered. With inTx the claim and the command are in a transaction,
+// which the forwarded request's context carries. The caller forwards
+// that request exactly once, settles the outcome with Answered, NotSent
+// or Unknown, and calls End.
+func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout time.Duration) (*attempt, *http.Request) {
 	c := g.prepare(w, r)
 	if c == nil {
 		return nil, nil
@@ -95,7 +88,7 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout 
 			c.End()
 			c.info.Outcome = OutcomeStoreUnavailable
 			g.log.ErrorContext(r.Context(), "transaction not begun", "request_id", c.info.RequestID, "error", err)
-			g.WriteProblem(w, problem.For(err, g.cfg.Setting))
+			g.writeProblem(w, problem.For(err, g.cfg.Setting))
 			return nil, nil
 		}
 	}
@@ -103,13 +96,13 @@ func (g *Step) begin(w http.ResponseWriter, r *http.Request, inTx bool, timeout 
 		return nil, nil
 	}
 	ctx, c.cancel = context.WithTimeout(ctx, timeout)
-	return c, c.request(r, context.WithValue(ctx, attemptKey{}, c))
+	return c, c.request(r, sidecar.WithAttempt(ctx, c))
 }
 
 // prepare reads a checked request up to its claim: its key, tenant and
 // body. It returns the attempt, not claimed yet, or nil when it answered
 // the request (bad input).
-func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *Attempt {
+func (g *Step) prepare(w http.ResponseWriter, r *http.Request) *attempt {
 	ri := InfoFrom(r.Context())
 	tenant, prob := g.identify(r, ri)
 	if prob != nil {
@@ -141,7 +134,7 @@ func (g *Step) identify(r *http.Request, ri *Info) (uuid.UUID, *idemproxy.Proble
 	}
 	tenant, ok := idemproxy.TenantFrom(r.Context())
 	if !ok {
-		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, TenantRequiredDetail)
+		return uuid.Nil, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, tenantRequiredDetail)
 	}
 	ri.Tenant = tenant
 	return tenant, nil
@@ -149,7 +142,7 @@ func (g *Step) identify(r *http.Request, ri *Info) (uuid.UUID, *idemproxy.Proble
 
 // attemptOf is the attempt at the command of r, identified and its body
 // read, not claimed yet.
-func (g *Step) attemptOf(r *http.Request, ri *Info, tenant uuid.UUID, body []byte, upBody *bodyReader) *Attempt {
+func (g *Step) attemptOf(r *http.Request, ri *Info, tenant uuid.UUID, body []byte, upBody *bodyReader) *attempt {
 	// The path is the escaped one, normalised: /a%2Fb is not /a/b.
 	path := urlpath.Normal(r.URL)
 	c := g.newAttempt(ri, tenant, ri.Key, Fingerprint(r.Method, path, r.URL.RawQuery, body), g.commandTypeOf(r.Method, idemproxy.CommandPath(r.Context(), path)))
@@ -159,8 +152,8 @@ func (g *Step) attemptOf(r *http.Request, ri *Info, tenant uuid.UUID, body []byt
 
 // newAttempt is an attempt at the command (tenant, key) of type ct, not
 // claimed yet.
-func (g *Step) newAttempt(ri *Info, tenant uuid.UUID, key string, fp idemproxy.Fingerprint, ct string) *Attempt {
-	return &Attempt{idem: g, info: ri, cancel: func() {}, claim: idemproxy.Claim{
+func (g *Step) newAttempt(ri *Info, tenant uuid.UUID, key string, fp idemproxy.Fingerprint, ct string) *attempt {
+	return &attempt{idem: g, info: ri, cancel: func() {}, claim: idemproxy.Claim{
 		Tenant:      tenant,
 		Key:         key,
 		Fingerprint: fp,
@@ -175,7 +168,7 @@ func (g *Step) newAttempt(ri *Info, tenant uuid.UUID, key string, fp idemproxy.F
 // transaction when it has one, and reports whether it did; when it did
 // not, the request is answered (the key locked or recorded, the store
 // unusable) and the attempt ended.
-func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx context.Context) bool {
+func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *attempt, ctx context.Context) bool {
 	ri := c.info
 	existing, err := c.claimKey(ctx)
 	if err == nil && existing != nil && c.waits(*existing) {
@@ -186,7 +179,7 @@ func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx
 		c.End()
 		ri.Outcome = OutcomeStoreUnavailable
 		g.log.ErrorContext(r.Context(), "store claim failed", "request_id", ri.RequestID, "error", err)
-		g.WriteProblem(w, problem.For(err, g.cfg.Setting))
+		g.writeProblem(w, problem.For(err, g.cfg.Setting))
 		return false
 	case existing != nil:
 		c.End()
@@ -204,7 +197,7 @@ func (g *Step) claimHTTP(w http.ResponseWriter, r *http.Request, c *Attempt, ctx
 // store's error; a won claim's lease is renewed from then on (a claim in
 // a transaction needs no renewal: its row is the transaction's until it
 // ends). A claim whose answer was lost is released in the background.
-func (c *Attempt) claimKey(ctx context.Context) (*idemproxy.Entry, error) {
+func (c *attempt) claimKey(ctx context.Context) (*idemproxy.Entry, error) {
 	g := c.idem
 	sent := time.Now()
 	var (
@@ -240,7 +233,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 	}
 	if e.Fingerprint != fp {
 		ri.Outcome = OutcomeFingerprintMismatch
-		g.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,
+		g.writeProblem(w, idemproxy.NewProblem(idemproxy.ProblemKeyReused,
 			"this Idempotency-Key was first used with a different method, path, query or body"))
 		return
 	}
@@ -252,7 +245,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 		// A short wait, so that a client honouring it does not sleep
 		// through a command that ends in a moment; never past the lease.
 		prob.RetryAfter = retryAfter(min(g.cfg.RetryAfter, e.Remaining))
-		g.WriteProblem(w, prob)
+		g.writeProblem(w, prob)
 		return
 	case idemproxy.StateUnknown:
 		ri.Outcome = OutcomeUnknown
@@ -263,7 +256,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 			"command_type": e.CommandType,
 			"attempted_at": e.CreatedAt.UTC().Format(time.RFC3339Nano),
 		}
-		g.WriteProblem(w, prob)
+		g.writeProblem(w, prob)
 		return
 	}
 	h := w.Header()
@@ -278,7 +271,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 			"command_type": e.CommandType,
 			"created_at":   e.CreatedAt.UTC().Format(time.RFC3339Nano),
 		}
-		g.WriteProblem(w, prob)
+		g.writeProblem(w, prob)
 		return
 	}
 	ri.Outcome = OutcomeReplayed
@@ -296,7 +289,7 @@ func (g *Step) answerExisting(w http.ResponseWriter, ri *Info, fp idemproxy.Fing
 }
 
 // request is r as the attempt forwards it: in ctx, with the buffered body.
-func (c *Attempt) request(r *http.Request, ctx context.Context) *http.Request {
+func (c *attempt) request(r *http.Request, ctx context.Context) *http.Request {
 	out := r.WithContext(ctx)
 	out.Body = http.NoBody
 	if c.body != nil {
@@ -307,7 +300,7 @@ func (c *Attempt) request(r *http.Request, ctx context.Context) *http.Request {
 	}
 	out.ContentLength = c.bodyLen
 	out.TransferEncoding = nil
-	out.Trailer = nil // none arrived (Begin refuses them); none is announced
+	out.Trailer = nil // none arrived (begin refuses them); none is announced
 	return out
 }
 
@@ -334,22 +327,20 @@ func isUpgrade(h http.Header) bool {
 	return false
 }
 
-type attemptKey struct{}
-
-// AttemptFrom returns the attempt a request's context carries: the
-// request Begin returned, in the sidecar's transport hooks.
-func AttemptFrom(ctx context.Context) *Attempt {
-	c, _ := ctx.Value(attemptKey{}).(*Attempt)
+// attemptFrom returns the attempt a request's context carries: the
+// request begin or report returned.
+func attemptFrom(ctx context.Context) *attempt {
+	c, _ := sidecar.AttemptFrom(ctx).(*attempt)
 	return c
 }
 
 // CommandID is the id of the attempt's command.
-func (c *Attempt) CommandID() uuid.UUID { return c.claim.CommandID }
+func (c *attempt) CommandID() uuid.UUID { return c.claim.CommandID }
 
 // End ends the attempt: its lease's renewals, its deadline, its
 // buffered body and its transaction if it was not committed. After
 // Detach it does nothing: Finish ends a detached attempt.
-func (c *Attempt) End() {
+func (c *attempt) End() {
 	if c.detached.Load() {
 		return
 	}
@@ -361,7 +352,7 @@ func (c *Attempt) End() {
 // upstream call goes on, within CommandTimeout. End, which the request's
 // mounting defers, then leaves it running; the caller settles it when
 // the call ends (SettleResponse, NotSent or Unknown), and calls Finish.
-func (c *Attempt) Detach() {
+func (c *attempt) Detach() {
 	// The request's Info is its access log's from now on: the attempt
 	// goes on with a copy of its own.
 	c.mu.Lock()
@@ -372,25 +363,25 @@ func (c *Attempt) Detach() {
 }
 
 // Finish ends a detached attempt, as End ends one that is not.
-func (c *Attempt) Finish() { c.end() }
+func (c *attempt) Finish() { c.end() }
 
 // Cancel ends the forwarded request's context: its upstream call, if
 // it is still on, returns with the context's error. A shutdown whose
 // budget ran out cancels its detached calls; it then settles each.
-func (c *Attempt) Cancel() { c.cancel() }
+func (c *attempt) Cancel() { c.cancel() }
 
 // UpstreamTimeout is how long the attempt's client waits for the
 // upstream's answer (Config.UpstreamTimeout of the attempt's step).
-func (c *Attempt) UpstreamTimeout() time.Duration { return c.idem.cfg.UpstreamTimeout }
+func (c *attempt) UpstreamTimeout() time.Duration { return c.idem.cfg.UpstreamTimeout }
 
 // Detaches reports whether the attempt's upstream call may outlive its
 // client's wait: its CommandTimeout is longer than its UpstreamTimeout.
-func (c *Attempt) Detaches() bool { return c.idem.cfg.CommandTimeout > c.idem.cfg.UpstreamTimeout }
+func (c *attempt) Detaches() bool { return c.idem.cfg.CommandTimeout > c.idem.cfg.UpstreamTimeout }
 
-// Step is the step that began the attempt.
-func (c *Attempt) Step() *Step { return c.idem }
+// Step is the lifecycle of the step that began the attempt.
+func (c *attempt) Step() sidecar.Step { return (*lifecycle)(c.idem) }
 
-func (c *Attempt) end() {
+func (c *attempt) end() {
 	if c.tx != nil {
 		c.rollback(context.Background()) // after a commit, nothing
 	}
@@ -404,7 +395,7 @@ func (c *Attempt) end() {
 // KeepsResponse reports whether the record of an answer with status keeps
 // the response itself (a success status in mode replay): the mounting
 // then captures it for Answered.
-func (c *Attempt) KeepsResponse(status int) bool {
+func (c *attempt) KeepsResponse(status int) bool {
 	return c.idem.cfg.Mode == ModeReplay && c.idem.cfg.SuccessStatus.Contains(status)
 }
 
@@ -412,7 +403,7 @@ func (c *Attempt) KeepsResponse(status int) bool {
 // recorded, durably, before the caller lets the response go on (with resp,
 // the captured response, in mode replay). Any other status releases the
 // key, so a retry runs normally.
-func (c *Attempt) Answered(ctx context.Context, status int, resp *idemproxy.Response) {
+func (c *attempt) Answered(ctx context.Context, status int, resp *idemproxy.Response) {
 	_ = c.answered(ctx, status, resp)
 }
 
@@ -420,7 +411,7 @@ func (c *Attempt) Answered(ctx context.Context, status int, resp *idemproxy.Resp
 // whether the commit of a success failed: the command's effects were
 // then rolled back (or their fate is unknown, when the commit's answer
 // was lost), and its response must not be released.
-func (c *Attempt) answered(ctx context.Context, status int, resp *idemproxy.Response) error {
+func (c *attempt) answered(ctx context.Context, status int, resp *idemproxy.Response) error {
 	if !c.idem.cfg.SuccessStatus.Contains(status) {
 		c.release(ctx)
 		return nil
@@ -434,7 +425,7 @@ func (c *Attempt) answered(ctx context.Context, status int, resp *idemproxy.Resp
 
 // NotSent settles a command that could not be sent (refused, DNS): it
 // cannot have taken effect, so the key is released.
-func (c *Attempt) NotSent(ctx context.Context) {
+func (c *attempt) NotSent(ctx context.Context) {
 	c.info.Outcome = OutcomeUpstreamError
 	c.release(ctx)
 }
@@ -448,7 +439,7 @@ func (c *Attempt) NotSent(ctx context.Context) {
 // until its lease ends, and a retry meanwhile gets 409 in-progress;
 // wait is then the Retry-After until the lease ends, in seconds. In
 // report-only the key is released.
-func (c *Attempt) Unknown(ctx context.Context) (held bool, wait int) {
+func (c *attempt) Unknown(ctx context.Context) (held bool, wait int) {
 	g, cl := c.idem, c.claim
 	c.info.Outcome = OutcomeUpstreamError
 	g.metrics.CountUnknownOutcome(c.info.Route)
@@ -488,7 +479,7 @@ func (c *Attempt) Unknown(ctx context.Context) (held bool, wait int) {
 
 // heldOwn reports whether the key is held for this very command: an
 // earlier hold's answer was lost.
-func (c *Attempt) heldOwn(ctx context.Context) bool {
+func (c *attempt) heldOwn(ctx context.Context) bool {
 	var e idemproxy.Entry
 	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
 		e, err = c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
@@ -501,7 +492,7 @@ func (c *Attempt) heldOwn(ctx context.Context) bool {
 // RecordRetries says. If the store keeps failing the lock is kept, never
 // released: the command ran, so a retry must not run it again before the
 // lease ends.
-func (c *Attempt) record(ctx context.Context, status int, resp *idemproxy.Response) {
+func (c *attempt) record(ctx context.Context, status int, resp *idemproxy.Response) {
 	g, cl := c.idem, c.claim
 	c.settle()
 	defer c.stopRenewing()
@@ -532,7 +523,7 @@ func (c *Attempt) record(ctx context.Context, status int, resp *idemproxy.Respon
 }
 
 // ownRecord reports whether the key holds the record of this very command.
-func (c *Attempt) ownRecord(ctx context.Context) bool {
+func (c *attempt) ownRecord(ctx context.Context) bool {
 	var e idemproxy.Entry
 	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) (err error) {
 		e, err = c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
@@ -542,7 +533,7 @@ func (c *Attempt) ownRecord(ctx context.Context) bool {
 }
 
 // keyFree reports whether the key holds no live lock or record.
-func (c *Attempt) keyFree(ctx context.Context) bool {
+func (c *attempt) keyFree(ctx context.Context) bool {
 	err := c.idem.storeOp(ctx, "lookup", func(ctx context.Context) error {
 		_, err := c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
 		return err
@@ -551,7 +542,7 @@ func (c *Attempt) keyFree(ctx context.Context) bool {
 }
 
 // release drops the lock of a command known not to have taken effect.
-func (c *Attempt) release(ctx context.Context) {
+func (c *attempt) release(ctx context.Context) {
 	g, cl := c.idem, c.claim
 	if c.tx != nil {
 		c.rollback(ctx)
@@ -579,7 +570,7 @@ func (c *Attempt) release(ctx context.Context) {
 // transaction and commits it, with the command's writes. On failure
 // everything is rolled back (or the commit's fate is unknown) and the
 // error is returned: the key is then free, or holds the record.
-func (c *Attempt) commit(ctx context.Context, status int, resp *idemproxy.Response) error {
+func (c *attempt) commit(ctx context.Context, status int, resp *idemproxy.Response) error {
 	g, cl := c.idem, c.claim
 	comp := idemproxy.Completion{Tenant: cl.Tenant, Key: cl.Key, Owner: cl.Owner, Status: status, Response: resp, TTL: g.cfg.KeyTTL}
 	err := g.storeOp(ctx, "complete", func(ctx context.Context) error { return c.tx.Complete(ctx, comp) })
@@ -599,7 +590,7 @@ func (c *Attempt) commit(ctx context.Context, status int, resp *idemproxy.Respon
 
 // rollback rolls back the attempt's transaction: the claim and the
 // command's writes are gone, and the key is free.
-func (c *Attempt) rollback(ctx context.Context) {
+func (c *attempt) rollback(ctx context.Context) {
 	g, cl := c.idem, c.claim
 	err := g.storeOp(ctx, "rollback", func(ctx context.Context) error { return c.tx.Rollback(ctx) })
 	if err != nil {

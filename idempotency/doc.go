@@ -26,7 +26,8 @@
 // to that database and its record commit together (docs/exactly-once.md).
 //
 // The sidecar (package proxy) mounts the same step in front of a reverse
-// proxy with Begin and the Attempt it returns.
+// proxy through its lifecycle (internal/sidecar), which is not part of
+// this API.
 //
 // The package links no database, Redis, Prometheus or OpenTelemetry
 // client: stores come from store/memory, store/postgres and store/redis,

@@ -307,7 +307,7 @@ func (c Config) DrainBudget() time.Duration {
 // checked request — a keyed request with a non-safe method, or one whose
 // method must carry a key — and lets every other request pass untouched.
 // The lifecycle of a checked request is in command.go; the sidecar
-// mounts the step in front of its reverse proxy (Begin), and Middleware
+// mounts the step in front of its reverse proxy (lifecycle.go), and Middleware
 // mounts it around a handler of a Go service.
 type Step struct {
 	cfg      Config
@@ -365,7 +365,8 @@ var safeMethods = map[string]bool{
 // must carry one. Method names are matched whatever their letter case.
 // Give it to the tenancy middleware (tenancy.MiddlewareOptions.Applies)
 // so that no tenant is needed, and no token checked, for other requests.
-// In report-only a request already let through (ReportRefused, Prepare)
+// In report-only a request already let through (a refusal reported, or a body
+// enforcement would refuse)
 // is not checked again.
 func (g *Step) Checked(r *http.Request) bool {
 	m := r.Method
@@ -415,15 +416,15 @@ func (g *Step) reject(w http.ResponseWriter, ri *Info, prob *idemproxy.Problem) 
 	if prob.Type == idemproxy.ProblemBufferedFull {
 		ri.Outcome = OutcomeOverloaded
 	}
-	g.WriteProblem(w, prob)
+	g.writeProblem(w, prob)
 }
 
-// WriteProblem answers a checked request with prob, as the step answers
+// writeProblem answers a checked request with prob, as the step answers
 // its own: with the retry hints (X-Should-Retry, Stripe-Should-Retry)
 // unless NoRetryHints. A mounting answers the problems of a checked
 // request that it produces itself (a tenant refused, the upstream
 // unreachable) with it too.
-func (g *Step) WriteProblem(w http.ResponseWriter, prob *idemproxy.Problem) {
+func (g *Step) writeProblem(w http.ResponseWriter, prob *idemproxy.Problem) {
 	if !g.cfg.NoRetryHints {
 		problem.SetRetryHint(w.Header(), problem.RetryHint(prob))
 	}

@@ -36,7 +36,7 @@ func (g *Step) renewEvery() time.Duration { return g.cfg.LockTimeout / 3 }
 
 // startRenewing arms the renewals of the lease of a claim sent at sent,
 // which the store reported with remaining left.
-func (c *Attempt) startRenewing(sent time.Time, remaining time.Duration) {
+func (c *attempt) startRenewing(sent time.Time, remaining time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.leaseEnd = sent.Add(remaining)
@@ -45,7 +45,7 @@ func (c *Attempt) startRenewing(sent time.Time, remaining time.Duration) {
 
 // renew renews the lease once, from the renewal timer's goroutine, and
 // arms the next renewal.
-func (c *Attempt) renew() {
+func (c *attempt) renew() {
 	g, cl := c.idem, c.claim
 	sent := time.Now()
 	err := g.storeOp(context.Background(), "renew", func(ctx context.Context) error {
@@ -73,7 +73,7 @@ func (c *Attempt) renew() {
 		return
 	}
 	g.metrics.CountRenewalFailure(lost)
-	// Begin set the request's identity before the first renewal.
+	// begin set the request's identity before the first renewal.
 	attrs := []any{"request_id", c.info.RequestID, "tenant", cl.Tenant.String(), "idempotency_key", cl.Key,
 		"command_id", cl.CommandID.String(), "error", err}
 	if lost {
@@ -88,7 +88,7 @@ func (c *Attempt) renew() {
 // this process's clock: the store was away for longer than the lease,
 // and another attempt may have claimed the key and run the command
 // meanwhile (lost says it did, or the lock was deleted).
-func (c *Attempt) overrun(late time.Duration, lost bool) {
+func (c *attempt) overrun(late time.Duration, lost bool) {
 	g, cl := c.idem, c.claim
 	g.metrics.CountLeaseOverrun()
 	g.log.Error("lease overrun: the store answered a renewal only after the lease had ended; another attempt may have run the command meanwhile",
@@ -98,7 +98,7 @@ func (c *Attempt) overrun(late time.Duration, lost bool) {
 
 // settle marks the command as settling: renewals go on, but a failed one
 // is no longer reported.
-func (c *Attempt) settle() {
+func (c *attempt) settle() {
 	c.mu.Lock()
 	c.settling = true
 	c.mu.Unlock()
@@ -107,7 +107,7 @@ func (c *Attempt) settle() {
 // stopRenewing stops the renewals; the lock then ends with its lease
 // unless it is completed or released. It returns when the lease ends, on
 // this process's clock: never later than the store's end.
-func (c *Attempt) stopRenewing() time.Time {
+func (c *attempt) stopRenewing() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.renewal != nil {

@@ -78,7 +78,7 @@ import (
 // is answered 409 at once.
 func (g *Step) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r, done, ok := g.Prepare(w, r)
+		r, done, ok := g.bodyFirst(w, r)
 		if !ok {
 			return
 		}
@@ -88,14 +88,14 @@ func (g *Step) Middleware(next http.Handler) http.Handler {
 			return
 		}
 		var (
-			cmd *Attempt
+			cmd *attempt
 			out *http.Request
 		)
 		if g.cfg.ReportOnly {
 			var end func()
 			out, end = g.report(r, g.cfg.UpstreamTimeout)
 			defer end()
-			if cmd = AttemptFrom(out.Context()); cmd == nil {
+			if cmd = attemptFrom(out.Context()); cmd == nil {
 				next.ServeHTTP(w, out)
 				return
 			}
@@ -117,7 +117,7 @@ func (g *Step) Middleware(next http.Handler) http.Handler {
 // in a handler behind Middleware, or in an outgoing request of the
 // sidecar.
 func CommandID(ctx context.Context) (uuid.UUID, bool) {
-	if c := AttemptFrom(ctx); c != nil {
+	if c := attemptFrom(ctx); c != nil {
 		return c.claim.CommandID, true
 	}
 	return uuid.Nil, false
@@ -130,7 +130,7 @@ func CommandID(ctx context.Context) (uuid.UUID, bool) {
 // could not be held and the command would be recorded whatever they said.
 type heldResponse struct {
 	w      http.ResponseWriter
-	cmd    *Attempt
+	cmd    *attempt
 	ctx    context.Context
 	header http.Header
 	status int
@@ -274,7 +274,7 @@ func (h *heldResponse) commit(partial bool) {
 		// the commit's answer was lost), so its response must not go.
 		h.failed = true
 		h.drop()
-		h.cmd.idem.WriteProblem(h.w, problem.For(err, h.cmd.idem.cfg.Setting))
+		h.cmd.idem.writeProblem(h.w, problem.For(err, h.cmd.idem.cfg.Setting))
 		return
 	}
 	out := h.w.Header()
@@ -313,7 +313,7 @@ func (h *heldResponse) settlePanic() {
 	g.log.ErrorContext(h.ctx, "panic in the handler: key released", "request_id", h.cmd.info.RequestID,
 		"tenant", h.cmd.claim.Tenant.String(), "idempotency_key", h.cmd.claim.Key,
 		"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-	h.cmd.idem.WriteProblem(h.w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
+	h.cmd.idem.writeProblem(h.w, idemproxy.NewProblem(idemproxy.ProblemInternal, "internal error"))
 }
 
 // bodyAllowed reports whether a response with status may have a body.

@@ -11,11 +11,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
 )
 
 // Report-only (Config.ReportOnly). A checked request goes on as if the
 // step were absent, and the step records what enforcement would have done
-// with it. Report follows Begin up to the claim, which never waits:
+// with it. report follows begin up to the claim, which never waits:
 //
 //   - a request enforcement would forward claims its key, and its command
 //     settles as under enforcement (recorded on a success, released
@@ -63,25 +64,15 @@ var Woulds = []string{
 	WouldReject, WouldStoreUnavailable, WouldOverload,
 }
 
-// ReportOnly reports whether the step only reports (Config.ReportOnly):
-// a mounting then calls Report where it would call Begin.
-func (g *Step) ReportOnly() bool { return g.cfg.ReportOnly }
-
-// Report handles a checked request in report-only, in place of Begin. It
-// never answers the request: it returns the request to forward, always,
-// and end, to call once the request is over. When enforcement would
-// forward the request too, the key is claimed: the request returned then
-// carries the attempt (AttemptFrom), in a context that ends after
-// CommandTimeout and not with the client's, and the mounting settles it
-// as Begin's, then end ends it. Otherwise the request goes on unclaimed,
-// in the client's context, and what enforcement would have done is
-// counted and logged.
-func (g *Step) Report(r *http.Request) (out *http.Request, end func()) {
-	return g.report(r, g.cfg.CommandTimeout)
-}
-
-// report is Report, with the context of a claimed attempt ending after
-// timeout.
+// report handles a checked request in report-only, in place of begin.
+// It never answers the request: it returns the request to forward,
+// always, and end, to call once the request is over. When enforcement
+// would forward the request too, the key is claimed: the request
+// returned then carries the attempt (attemptFrom), in a context that
+// ends after timeout and not with the client's, and the mounting settles
+// it as begin's, then end ends it. Otherwise the request goes on
+// unclaimed, in the client's context, and what enforcement would have
+// done is counted and logged.
 func (g *Step) report(r *http.Request, timeout time.Duration) (*http.Request, func()) {
 	ri := InfoFrom(r.Context())
 	tenant, prob := g.identify(r, ri)
@@ -122,7 +113,7 @@ func (g *Step) report(r *http.Request, timeout time.Duration) (*http.Request, fu
 	ri.CommandID = c.claim.CommandID.String()
 	ri.Outcome = OutcomeForwarded
 	ctx, c.cancel = context.WithTimeout(ctx, timeout)
-	return c.request(r, context.WithValue(ctx, attemptKey{}, c)), c.End
+	return c.request(r, sidecar.WithAttempt(ctx, c)), c.End
 }
 
 // wouldAnswer is what enforcement answers a request with fingerprint fp
@@ -178,14 +169,14 @@ func (g *Step) reported(ctx context.Context, ri *Info, would, original, reason s
 	g.log.InfoContext(ctx, "report-only: forwarded a request that enforcement would have answered itself", attrs...)
 }
 
-// ReportRefused is for a mounting that refuses a checked request before
+// reportRefused is for a mounting that refuses a checked request before
 // the step sees it (the sidecar's tenancy step: a bad token, a malformed
 // or conflicting tenant). In report-only it counts the request as
 // WouldReject, logs it, and returns it marked so that the step lets it
 // pass unchecked (Checked reports false), with ok set: the mounting lets
 // it go on. When the step enforces it returns ok false, and the mounting
 // answers prob.
-func (g *Step) ReportRefused(r *http.Request, prob *idemproxy.Problem) (out *http.Request, ok bool) {
+func (g *Step) reportRefused(r *http.Request, prob *idemproxy.Problem) (out *http.Request, ok bool) {
 	if !g.cfg.ReportOnly {
 		return r, false
 	}
@@ -208,7 +199,7 @@ func markReported(r *http.Request) *http.Request {
 // isReported reports whether report-only already let r through.
 func isReported(r *http.Request) bool { return r.Context().Value(reportedKey{}) != nil }
 
-// prepareReport is Prepare in report-only: a body that enforcement would
+// prepareReport is bodyFirst in report-only: a body that enforcement would
 // refuse is counted and logged, and the request goes on with the body as
 // it arrived, marked so that it is not checked.
 func (g *Step) prepareReport(r *http.Request) (*http.Request, func(), bool) {

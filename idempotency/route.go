@@ -339,17 +339,17 @@ func preparedFrom(ctx context.Context) *preparedBody {
 	return pb
 }
 
-// Prepare readies r for Checked and Begin when the step reads the key from
+// bodyFirst readies r for Checked and begin when the step reads the key from
 // the body of a non-safe request: it reads the body (MaxBodyBytes,
-// BodyTimeout, MaxBufferedBytes, answering 413, 408 or 503 as Begin
+// BodyTimeout, MaxBufferedBytes, answering 413, 408 or 503 as begin
 // would, and returning ok false) and looks for the key in it. The
-// request it returns carries the body read, for Begin or, when the
+// request it returns carries the body read, for begin or, when the
 // request is not checked, for the handler; done gives the body's buffer
 // back to the budget, once the request is over. For every other step and
 // request it returns r itself. In report-only (Config.ReportOnly) it
 // answers nothing: a body that enforcement would refuse goes on as it
 // arrived, and the request is then not checked.
-func (g *Step) Prepare(w http.ResponseWriter, r *http.Request) (out *http.Request, done func(), ok bool) {
+func (g *Step) bodyFirst(w http.ResponseWriter, r *http.Request) (out *http.Request, done func(), ok bool) {
 	if g.route == nil || g.route.key.In != KeyInBody || safeMethods[strings.ToUpper(r.Method)] {
 		return r, func() {}, true
 	}
@@ -519,7 +519,7 @@ func jsonType(v json.Token) string {
 	return "value"
 }
 
-// requestBody is the body of a checked request: the one Prepare read, or
+// requestBody is the body of a checked request: the one bodyFirst read, or
 // read now.
 func (g *Step) requestBody(w http.ResponseWriter, r *http.Request) ([]byte, *bodyReader, *idemproxy.Problem) {
 	if pb := preparedFrom(r.Context()); pb != nil {

@@ -137,8 +137,8 @@ func TestDeriveReportOnly(t *testing.T) {
 	}
 	kept, _ := report.Derive(idempotency.Overrides{Mode: idempotency.ModeStrict})
 	enforced, _ := report.Derive(idempotency.Overrides{ReportOnly: &no})
-	if g.ReportOnly() || !report.ReportOnly() || !kept.ReportOnly() || enforced.ReportOnly() {
-		t.Fatalf("report-only: base %v, derived %v, kept %v, enforced %v", g.ReportOnly(), report.ReportOnly(), kept.ReportOnly(), enforced.ReportOnly())
+	if g.Config().ReportOnly || !report.Config().ReportOnly || !kept.Config().ReportOnly || enforced.Config().ReportOnly {
+		t.Fatalf("report-only: base %v, derived %v, kept %v, enforced %v", g.Config().ReportOnly, report.Config().ReportOnly, kept.Config().ReportOnly, enforced.Config().ReportOnly)
 	}
 	err = idempotency.Config{ReportOnly: true, Transactional: true}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "idempotency.Config.ReportOnly") {

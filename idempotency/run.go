@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
 )
 
 // Commands. Run is the lifecycle of command.go without HTTP: the same
@@ -69,7 +70,7 @@ var (
 	// command type or fingerprint.
 	ErrKeyReused = errors.New("idempotency: key reused with a different command")
 	// ErrTenantRequired is returned by Run for a key without a tenant.
-	ErrTenantRequired = errors.New(TenantRequiredDetail)
+	ErrTenantRequired = errors.New(tenantRequiredDetail)
 	// ErrInvalidKey is wrapped by the error of Run for a key that is not
 	// 1–255 printable ASCII bytes without leading or trailing space.
 	ErrInvalidKey = errors.New("idempotency: invalid key")
@@ -214,7 +215,7 @@ func (g *Step) Run(ctx context.Context, cmd Command, fn func(ctx context.Context
 			c.release(ctx)
 		}
 	}()
-	data, err := fn(context.WithValue(ctx, attemptKey{}, c))
+	data, err := fn(sidecar.WithAttempt(ctx, c))
 	if err != nil {
 		settled = true
 		c.release(ctx)

@@ -186,7 +186,7 @@ func (h *waitHub) pollOnce(watched map[waitKey]uuid.UUID) {
 // fingerprint differs, or, when the wait ran out or the client went away
 // (client ends), the lock still in flight. A store error ends the wait
 // with it.
-func (c *Attempt) waitOutcome(client, claimCtx context.Context, e idemproxy.Entry) (*idemproxy.Entry, error) {
+func (c *attempt) waitOutcome(client, claimCtx context.Context, e idemproxy.Entry) (*idemproxy.Entry, error) {
 	g := c.idem
 	if !g.hub.admit(g.cfg.InFlightWaiters) {
 		g.log.WarnContext(client, "in-flight waiters at their bound: a duplicate is answered at once",
@@ -226,7 +226,7 @@ func (c *Attempt) waitOutcome(client, claimCtx context.Context, e idemproxy.Entr
 
 // settledSince reports whether the lock e is no longer the key's: gone,
 // or another entry there.
-func (c *Attempt) settledSince(ctx context.Context, e idemproxy.Entry) bool {
+func (c *attempt) settledSince(ctx context.Context, e idemproxy.Entry) bool {
 	now, err := c.idem.cfg.Store.Lookup(ctx, c.claim.Tenant, c.claim.Key)
 	if errors.Is(err, idemproxy.ErrNotFound) {
 		return true
@@ -238,7 +238,7 @@ func (c *Attempt) settledSince(ctx context.Context, e idemproxy.Entry) bool {
 // ends, the wait's deadline passes or the client goes away, and
 // unwatches. It reports whether the wait is over without a settlement:
 // the deadline passed or the client went away.
-func (c *Attempt) sleep(client context.Context, woken <-chan struct{}, unwatch func(), timer *time.Timer, deadline time.Time, e idemproxy.Entry) bool {
+func (c *attempt) sleep(client context.Context, woken <-chan struct{}, unwatch func(), timer *time.Timer, deadline time.Time, e idemproxy.Entry) bool {
 	defer unwatch()
 	wait := time.Until(deadline)
 	leaseEnds := e.Remaining > 0 && e.Remaining < wait
@@ -260,13 +260,13 @@ func (c *Attempt) sleep(client context.Context, woken <-chan struct{}, unwatch f
 
 // waits reports whether a duplicate of c that met the lock e waits for
 // its outcome.
-func (c *Attempt) waits(e idemproxy.Entry) bool {
+func (c *attempt) waits(e idemproxy.Entry) bool {
 	return c.idem.cfg.InFlightWait > 0 && c.tx == nil &&
 		e.State == idemproxy.StateInFlight && e.Fingerprint == c.claim.Fingerprint
 }
 
 // settled wakes the waiters of c's key in this process: its lock was
 // recorded, released or held.
-func (c *Attempt) settled() {
+func (c *attempt) settled() {
 	c.idem.hub.notify(waitKey{c.claim.Tenant, c.claim.Key})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -53,7 +54,7 @@ func keyView(e idemproxy.Entry) KeyView {
 func (a *admin) tenantParam(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	tenant, err := a.cfg.TenantFormat.ParseValues(r.URL.Query()["tenant"])
 	if err != nil {
-		problem.Write(w, tenancy.InvalidTenant("query parameter tenant", err, Variable))
+		problem.Write(w, tenancy.InvalidTenant("query parameter tenant", err, envvar.Name))
 		return uuid.Nil, false
 	}
 	return tenant, true
@@ -79,7 +80,7 @@ func (a *admin) storeError(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.Is(err, idemproxy.ErrNotFound) {
 		a.log.WarnContext(r.Context(), "admin: store operation failed", "error", err)
 	}
-	problem.Write(w, problem.For(err, Variable))
+	problem.Write(w, problem.For(err, envvar.Name))
 }
 
 // getKeys shows one key's lock or record when the key parameter is

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
 )
 
 // Detached upstream calls. A keyed command's client waits for the
@@ -39,7 +40,7 @@ type roundTrip struct {
 }
 
 func (t detaching) RoundTrip(req *http.Request) (*http.Response, error) {
-	cmd := idempotency.AttemptFrom(req.Context())
+	cmd := sidecar.AttemptFrom(req.Context())
 	if cmd == nil {
 		return t.pass.RoundTrip(req)
 	}
@@ -75,7 +76,7 @@ func (t detaching) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // settleDetached waits for a detached call's outcome, settles its
 // command as the reverse proxy would have, and finishes it.
-func (p *Proxy) settleDetached(cmd *idempotency.Attempt, req *http.Request, done <-chan roundTrip) {
+func (p *Proxy) settleDetached(cmd sidecar.Attempt, req *http.Request, done <-chan roundTrip) {
 	defer p.calls.detachEnd(cmd)
 	defer cmd.Finish()
 	ri := idempotency.InfoFrom(req.Context())
@@ -113,35 +114,35 @@ type calls struct {
 	metrics *Metrics
 
 	mu             sync.Mutex
-	live, detached map[*idempotency.Attempt]struct{}
+	live, detached map[sidecar.Attempt]struct{}
 	cancelled      bool          // the budget ended: new calls are cancelled at once
 	idle           chan struct{} // closed when no call is left, while draining
 }
 
 func newCalls(metrics *Metrics) *calls {
-	return &calls{metrics: metrics, live: map[*idempotency.Attempt]struct{}{}, detached: map[*idempotency.Attempt]struct{}{}}
+	return &calls{metrics: metrics, live: map[sidecar.Attempt]struct{}{}, detached: map[sidecar.Attempt]struct{}{}}
 }
 
 // begin tracks cmd, forwarded now with its client waiting, until end.
-func (c *calls) begin(cmd *idempotency.Attempt) { c.add(c.live, cmd) }
+func (c *calls) begin(cmd sidecar.Attempt) { c.add(c.live, cmd) }
 
 // end stops tracking cmd as begin tracked it.
-func (c *calls) end(cmd *idempotency.Attempt) { c.remove(c.live, cmd) }
+func (c *calls) end(cmd sidecar.Attempt) { c.remove(c.live, cmd) }
 
 // detach tracks cmd, whose call goes on after its client was answered,
 // until detachEnd.
-func (c *calls) detach(cmd *idempotency.Attempt) {
+func (c *calls) detach(cmd sidecar.Attempt) {
 	c.metrics.DetachedCalls.Inc()
 	c.add(c.detached, cmd)
 }
 
 // detachEnd stops tracking cmd as detach tracked it.
-func (c *calls) detachEnd(cmd *idempotency.Attempt) {
+func (c *calls) detachEnd(cmd sidecar.Attempt) {
 	c.metrics.DetachedCalls.Dec()
 	c.remove(c.detached, cmd)
 }
 
-func (c *calls) add(m map[*idempotency.Attempt]struct{}, cmd *idempotency.Attempt) {
+func (c *calls) add(m map[sidecar.Attempt]struct{}, cmd sidecar.Attempt) {
 	c.mu.Lock()
 	m[cmd] = struct{}{}
 	cancelled := c.cancelled
@@ -151,7 +152,7 @@ func (c *calls) add(m map[*idempotency.Attempt]struct{}, cmd *idempotency.Attemp
 	}
 }
 
-func (c *calls) remove(m map[*idempotency.Attempt]struct{}, cmd *idempotency.Attempt) {
+func (c *calls) remove(m map[sidecar.Attempt]struct{}, cmd sidecar.Attempt) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(m, cmd)
@@ -163,7 +164,7 @@ func (c *calls) cancelAll() (live, detached int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cancelled = true
-	for _, m := range []map[*idempotency.Attempt]struct{}{c.live, c.detached} {
+	for _, m := range []map[sidecar.Attempt]struct{}{c.live, c.detached} {
 		for cmd := range m {
 			cmd.Cancel()
 		}

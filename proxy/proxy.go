@@ -3,12 +3,10 @@ package proxy
 import (
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -18,6 +16,8 @@ import (
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/configerr"
+	"github.com/idemproxy/idemproxy/internal/envvar"
+	"github.com/idemproxy/idemproxy/internal/upstream"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -34,9 +34,10 @@ type Config struct {
 	// routes that name their own sources (Route.Tenant: resolvers derived
 	// from it).
 	Tenancy *tenancy.Resolver
-	// Transport reaches the upstream; nil means NewTransport of the
-	// longest UpstreamTimeout for the requests that pass through, and one
-	// without a response-header timeout for keyed commands (their
+	// Transport reaches the upstream; nil means a tuned transport (large
+	// idle pools for one host, a bounded dial) whose response-header
+	// timeout is the longest UpstreamTimeout for the requests that pass
+	// through, and one without that timeout for keyed commands (their
 	// CommandTimeout bounds them). A Transport given here carries both,
 	// and its own timeouts apply to both.
 	Transport http.RoundTripper
@@ -100,7 +101,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, &idemproxy.ConfigError{Struct: "proxy.Config", Field: "Metrics", Reason: "must be made by proxy.NewMetrics"}
 	}
 	if cfg.Setting == nil {
-		cfg.Setting = Variable
+		cfg.Setting = envvar.Name
 	}
 	idem, err := idempotency.New(cfg.Config)
 	if err != nil {
@@ -110,8 +111,8 @@ func New(cfg Config) (*Proxy, error) {
 	commandTransport := cfg.Transport
 	if cfg.Transport == nil {
 		// A route may wait longer for its upstream than the default.
-		cfg.Transport = NewTransport(max(cfg.UpstreamTimeout, cfg.Routes.MaxUpstreamTimeout()))
-		commandTransport = NewTransport(0)
+		cfg.Transport = upstream.NewTransport(max(cfg.UpstreamTimeout, cfg.Routes.MaxUpstreamTimeout()))
+		commandTransport = upstream.NewTransport(0)
 	}
 	p := &Proxy{cfg: cfg, idem: idem, log: cfg.Logger, metrics: metrics,
 		forwardAlways:    []string{"Idempotency-Key", cfg.Tenancy.Header()},
@@ -162,23 +163,5 @@ func (p *Proxy) Close() {
 		if t, ok := rt.(interface{ CloseIdleConnections() }); ok {
 			t.CloseIdleConnections()
 		}
-	}
-}
-
-// NewTransport returns the tuned, pooled transport used to reach the
-// upstream: generous idle pools for a single upstream host, bounded dial
-// and response-header waits (zero upstreamTimeout: the request's context
-// bounds the wait).
-func NewTransport(upstreamTimeout time.Duration) *http.Transport {
-	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           d.DialContext,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   5 * time.Second,
-		ResponseHeaderTimeout: upstreamTimeout,
-		ExpectContinueTimeout: time.Second,
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -16,6 +15,8 @@ import (
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/ascii"
 	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
+	"github.com/idemproxy/idemproxy/internal/upstream"
 )
 
 // forward mounts the idempotency step in front of the reverse proxy
@@ -33,7 +34,7 @@ func (p *Proxy) forward(next http.Handler) http.Handler {
 		}
 		if step.ReportOnly() {
 			out, end := step.Report(r)
-			if cmd := idempotency.AttemptFrom(out.Context()); cmd != nil {
+			if cmd := sidecar.AttemptFrom(out.Context()); cmd != nil {
 				p.calls.begin(cmd)
 				defer p.calls.end(cmd) // after end: the call is over once its attempt is
 			}
@@ -70,22 +71,9 @@ func (p *Proxy) reverseProxy() http.Handler {
 		Transport:      rt,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
-		BufferPool:     BufferPool{},
+		BufferPool:     upstream.BufferPool{},
 	}
 }
-
-// BufferPool is an httputil.BufferPool of the 32 KiB buffers ReverseProxy
-// copies bodies with; without one every response allocates a buffer. Its
-// zero value is ready to use.
-type BufferPool struct{}
-
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// Get returns a 32 KiB buffer.
-func (BufferPool) Get() []byte { return *copyBuffers.Get().(*[]byte) }
-
-// Put returns a buffer for reuse.
-func (BufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.SetURL(p.cfg.Upstream)
@@ -113,7 +101,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// Only idemproxy may tell the upstream which command this is.
 	h.Del("Idempotency-Command-Id")
-	if cmd := idempotency.AttemptFrom(pr.Out.Context()); cmd != nil {
+	if cmd := sidecar.AttemptFrom(pr.Out.Context()); cmd != nil {
 		h.Set("Idempotency-Command-Id", cmd.CommandID().String())
 	}
 }
@@ -121,7 +109,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // modifyResponse settles a command the upstream answered, before the
 // response goes on to the client.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
-	if cmd := idempotency.AttemptFrom(resp.Request.Context()); cmd != nil {
+	if cmd := sidecar.AttemptFrom(resp.Request.Context()); cmd != nil {
 		cmd.SettleResponse(resp)
 	}
 	return nil
@@ -135,7 +123,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 // command carry the retry hints.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ri := idempotency.InfoFrom(r.Context())
-	cmd := idempotency.AttemptFrom(r.Context())
+	cmd := sidecar.AttemptFrom(r.Context())
 	notSent := isDialError(err)
 	if cmd == nil && errors.Is(err, context.Canceled) {
 		return // the client went away; nobody is left to answer
@@ -174,7 +162,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	case errors.Is(err, errDetached):
 		ri.Outcome = idempotency.OutcomeUpstreamError
-		prob.RetryAfter = retryAfterSeconds(cmd.Step().Config().RetryAfter)
+		prob.RetryAfter = retryAfterSeconds(cmd.Step().RetryAfter())
 	case notSent:
 		cmd.NotSent(r.Context())
 	default:

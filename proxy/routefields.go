@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -215,6 +216,6 @@ func explainSetting(err error) string {
 		if ce.Struct == "tenancy.Config" && field == "Sources" {
 			return "tenant"
 		}
-		return Variable(ce.Struct + "." + field)
+		return envvar.Name(ce.Struct + "." + field)
 	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/internal/ascii"
+	"github.com/idemproxy/idemproxy/internal/sidecar"
 	"github.com/idemproxy/idemproxy/internal/urlpath"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -33,7 +34,7 @@ type routeTable struct {
 type routeEntry struct {
 	route *Route
 	// step is the route's idempotency step; nil for idempotency: off.
-	step *idempotency.Step
+	step sidecar.Step
 	// tenancy resolves the tenant of the route's requests: the proxy's
 	// resolver, or one derived for the route's own sources.
 	tenancy *tenancy.Resolver
@@ -88,7 +89,7 @@ func (p *Proxy) SetRoutes(rs *Routes) error {
 			if err != nil {
 				return &RoutesError{File: rs.File, Line: r.Line, Field: "route " + r.Match, Reason: err.Error()}
 			}
-			e.step = step
+			e.step = sidecar.Of(step)
 		}
 		if err := addRoute(t.mux, r.Method, r.Pattern, nil); err != nil {
 			return &RoutesError{File: rs.File, Line: r.Line, Field: "route " + r.Match, Reason: err.Error()}
@@ -148,11 +149,11 @@ func (p *Proxy) route(next http.Handler) http.Handler {
 
 // step is the idempotency step of r: its route's, nil for a route with
 // idempotency off, or the proxy's own.
-func (p *Proxy) step(r *http.Request) *idempotency.Step {
+func (p *Proxy) step(r *http.Request) sidecar.Step {
 	if e, ok := r.Context().Value(routeKey{}).(*routeEntry); ok {
 		return e.step
 	}
-	return p.idem
+	return sidecar.Of(p.idem)
 }
 
 // resolver is the tenant resolver of r: its route's, or the proxy's.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
 
@@ -268,7 +269,7 @@ func (p *routesParser) checkSettings(name string, r *Route) {
 					return f
 				}
 			}
-			return Variable(ce.Struct + "." + field)
+			return envvar.Name(ce.Struct + "." + field)
 		}
 		field, line := name, r.Line
 		if f, ok := routeField[ce.Field]; ok {

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemproxy/idemproxy"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -27,7 +28,7 @@ import (
 func withTenancy(set func(*tenancy.Config)) option {
 	return func(_ *env, _ *proxy.Config, tc *tenancy.Config) {
 		set(tc)
-		tc.Setting = proxy.Variable
+		tc.Setting = envvar.Name
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	upstreamhttp "github.com/idemproxy/idemproxy/internal/upstream"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/memory"
@@ -66,10 +67,10 @@ func newBareProxy(upstreamURL *url.URL) *httputil.ReverseProxy {
 			pr.SetURL(upstreamURL)
 			pr.SetXForwarded()
 		},
-		Transport: proxy.NewTransport(upstreamTimeout),
+		Transport: upstreamhttp.NewTransport(upstreamTimeout),
 		// The same pooled copy buffers idemproxy uses, so the ratio is
 		// idemproxy's own cost, not a difference in buffer reuse.
-		BufferPool: proxy.BufferPool{},
+		BufferPool: upstreamhttp.BufferPool{},
 		ErrorLog:   log.New(io.Discard, "", 0),
 	}
 }

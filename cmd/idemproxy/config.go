@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/memory"
@@ -31,7 +32,7 @@ import (
 // are types of their own whose UnmarshalText folds the value and checks it
 // against its choices (stores, modes, tenantSources, tenantFormats, logLevels); what else the command knows of a variable is in three
 // tables: numbers (which may be 0, and what 0 means), ignoredUnless (what
-// a configuration ignores) and proxy.Variable (the library setting a
+// a configuration ignores) and envvar.Name (the library setting a
 // variable sets).
 type Config struct {
 	ListenAddr  string    `env:"IDEMPROXY_LISTEN_ADDR" envDefault:":8080" desc:"proxy listener"`
@@ -531,11 +532,11 @@ func (n number) check() error {
 	return nil
 }
 
-// settingVar is the variable behind a library's setting (proxy.Variable:
+// settingVar is the variable behind a library's setting (envvar.Name:
 // the sidecar's one table from Go settings to variables), or the setting's
 // Go name if no variable sets it.
 func settingVar(structName, field string) string {
-	return proxy.Variable(structName + "." + field)
+	return envvar.Name(structName + "." + field)
 }
 
 // tell joins errs in the user's words. A library's *idemproxy.ConfigError
@@ -831,7 +832,7 @@ func (c Config) tenancyConfig(log *slog.Logger) (tenancy.Config, error) {
 		Static:      c.TenantStatic,
 		PathPattern: c.TenantPath,
 		HostPattern: c.TenantHost,
-		Setting:     proxy.Variable,
+		Setting:     envvar.Name,
 		Header:      c.TenantHeader,
 		Claim:       c.JWTClaim,
 		JWKSURL:     c.JWKSURL,

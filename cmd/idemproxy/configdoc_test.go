@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
+	"github.com/idemproxy/idemproxy/internal/envvar"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/store/postgres"
@@ -193,9 +194,9 @@ func TestConfigIgnoredUnless(t *testing.T) {
 
 // TestLibrarySettings: every setting a library refuses by an
 // *idemproxy.ConfigError is told by a variable's name, and every variable
-// proxy.Variables names is one of Config's.
+// envvar.All names is one of Config's.
 func TestLibrarySettings(t *testing.T) {
-	for _, name := range proxy.Variables() {
+	for _, name := range envvar.All() {
 		fieldIndex(t, name)
 	}
 	for _, err := range []error{
@@ -220,7 +221,7 @@ func TestLibrarySettings(t *testing.T) {
 				continue
 			}
 			if name := settingVar(ce.Struct, ce.Field); !strings.HasPrefix(name, "IDEMPROXY_") {
-				t.Errorf("%s: no variable in proxy.Variable (%v)", name, e)
+				t.Errorf("%s: no variable in envvar.Name (%v)", name, e)
 			}
 		}
 	}

@@ -19,7 +19,7 @@ import (
 // Citus runs a statement on one shard (a router query) only when it is a
 // top-level INSERT, UPDATE, DELETE or SELECT filtered on one tenant, and
 // refuses a non-IMMUTABLE function in an INSERT's RETURNING or ON CONFLICT
-// … WHERE. ClaimSQL's shape (an INSERT in a CTE, then a SELECT of the
+// … WHERE. claimSQL's shape (an INSERT in a CTE, then a SELECT of the
 // conflicting row) is neither, so on Citus a claim is an INSERT … ON
 // CONFLICT that returns only the row it wrote, and a claim that meets a
 // live row reads it with a second statement. In an INSERT, UPDATE or
@@ -40,9 +40,9 @@ const citusClaimEntry = `state, command_id, command_type, fingerprint, created_a
 const citusTakeover = takeoverSet + `
 	WHERE COALESCE(k.lease_expires_at, k.expires_at) <= excluded.created_at`
 
-// citusClaimSQL is ClaimSQL on Citus: it returns the row when it inserted
+// citusClaimSQL is claimSQL on Citus: it returns the row when it inserted
 // or took it over (claimed true), and nothing when the row is live. Its
-// parameters are ClaimSQL's.
+// parameters are claimSQL's.
 const citusClaimSQL = `INSERT INTO idempotency_keys AS k
 	(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
 	 created_at, lease_expires_at, expires_at)
@@ -73,7 +73,7 @@ const claimConflictBatchSQL = `SELECT key, false, ` + conflictEntry + `
 FROM idempotency_keys
 WHERE tenant_id = $1 AND key = ANY($2::text[])`
 
-// citusClaimValuesSQL is ClaimBatchSQL on Citus for n claims: Citus runs
+// citusClaimValuesSQL is claimBatchSQL on Citus for n claims: Citus runs
 // an INSERT … SELECT FROM unnest(…) through the coordinator over every
 // shard, and a multi-row INSERT … VALUES on the tenant's shard alone. $1
 // is the tenant, $2 the lock grace, and claim i (from 0) has $(3+6i) …

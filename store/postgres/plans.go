@@ -78,8 +78,8 @@ type plans struct {
 
 func newPlans() plans {
 	return plans{
-		claim:              newReplannedSQL(ClaimSQL),
-		complete:           newReplannedSQL(CompleteSQL),
+		claim:              newReplannedSQL(claimSQL),
+		complete:           newReplannedSQL(completeSQL),
 		release:            newReplannedSQL(releaseSQL),
 		renew:              newReplannedSQL(renewSQL),
 		lookup:             newReplannedSQL(lookupSQL),
@@ -89,8 +89,8 @@ func newPlans() plans {
 		resolve:            newReplannedSQL(resolveSQL),
 		listHeld:           newReplannedSQL(listHeldSQL),
 		listHeldAll:        newReplannedSQL(listHeldAllSQL),
-		claimBatch:         newReplannedSQL(ClaimBatchSQL),
-		completeBatch:      newReplannedSQL(CompleteBatchSQL),
+		claimBatch:         newReplannedSQL(claimBatchSQL),
+		completeBatch:      newReplannedSQL(completeBatchSQL),
 		releaseBatch:       newReplannedSQL(releaseBatchSQL),
 		citusClaim:         newReplannedSQL(citusClaimSQL),
 		claimConflict:      newReplannedSQL(claimConflictSQL),

@@ -292,7 +292,7 @@ func (p *Store) claimIn(ctx context.Context, q executor, c idemproxy.Claim) (ide
 }
 
 // claimRow runs the claim of c once through q (the pool or a
-// transaction): ClaimSQL, or on Citus citusClaimSQL and, when it wrote no
+// transaction): claimSQL, or on Citus citusClaimSQL and, when it wrote no
 // row, claimConflictSQL. shown is false when no statement showed the row;
 // the driver's error is returned as is.
 func (p *Store) claimRow(ctx context.Context, q executor, c *idemproxy.Claim) (res idemproxy.ClaimResult, shown bool, err error) {
@@ -315,7 +315,7 @@ func (p *Store) claimRow(ctx context.Context, q executor, c *idemproxy.Claim) (r
 	return idemproxy.ClaimResult{Claimed: claimed, Entry: e}, true, nil
 }
 
-// claimParams are ClaimSQL's parameters.
+// claimParams are claimSQL's parameters.
 func claimParams(c *idemproxy.Claim, graceUS int64) []any {
 	return []any{pgUUID(c.Tenant), c.Key, pgUUID(c.CommandID), c.CommandType, pgUUID(c.Owner), c.Fingerprint[:],
 		c.Lease.Microseconds(), graceUS}
@@ -339,7 +339,7 @@ func (p *Store) Complete(ctx context.Context, c idemproxy.Completion) error {
 	return p.completeIn(ctx, p.pool, &a)
 }
 
-// completeArgsOf is c as CompleteSQL writes it: the response's header
+// completeArgsOf is c as completeSQL writes it: the response's header
 // encoded as JSON.
 func completeArgsOf(c idemproxy.Completion) (completeArgs, error) {
 	a := completeArgs{tenant: c.Tenant, owner: c.Owner, key: c.Key, status: int32(c.Status), ttlUS: c.TTL.Microseconds()}
@@ -356,7 +356,7 @@ func completeArgsOf(c idemproxy.Completion) (completeArgs, error) {
 	return a, nil
 }
 
-// completeParams are CompleteSQL's parameters.
+// completeParams are completeSQL's parameters.
 func completeParams(a *completeArgs) []any {
 	var header any
 	if a.header != nil {
@@ -368,7 +368,7 @@ func completeParams(a *completeArgs) []any {
 	return []any{pgUUID(a.tenant), a.key, pgUUID(a.owner), a.status, header, a.body, a.truncated, a.ttlUS}
 }
 
-// completeIn runs CompleteSQL for a through q (the pool or a transaction).
+// completeIn runs completeSQL for a through q (the pool or a transaction).
 // pgx.ErrTxClosed is returned as is, for a transaction's caller to tell.
 func (p *Store) completeIn(ctx context.Context, q executor, a *completeArgs) error {
 	tag, err := q.Exec(ctx, p.sql.complete.next(1), completeParams(a)...)

@@ -33,7 +33,7 @@ const takeoverSet = `ON CONFLICT (tenant_id, key) DO UPDATE SET
 		resp_body = NULL,
 		resp_truncated = NULL`
 
-// ClaimSQL is the statement of Postgres.Claim: it inserts a lock, or
+// claimSQL is the statement of Store.Claim: it inserts a lock, or
 // takes over a row whose lease or record has ended, and returns it with
 // claimed true; when the row is live it returns it unchanged with claimed
 // false. Its parameters: $1 tenant, $2 key, $3 command id, $4 command
@@ -43,7 +43,7 @@ const takeoverSet = `ON CONFLICT (tenant_id, key) DO UPDATE SET
 // show its older, ended version): the statement then returns no row and
 // Claim runs it again. It is exported for benchmarks that run the store's
 // statements without the store (cmd/idembench's pgbench script).
-const ClaimSQL = `WITH ins AS (
+const claimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys AS k
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
 		 created_at, lease_expires_at, expires_at)
@@ -61,16 +61,16 @@ WHERE tenant_id = $1 AND key = $2
 	AND COALESCE(lease_expires_at, expires_at) > now()
 	AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// CompleteSQL is the statement of Postgres.Complete: it turns the lock
+// completeSQL is the statement of Store.Complete: it turns the lock
 // held by the owner into a record, or changes no row. Its parameters: $1
 // tenant, $2 key, $3 owner, $4 status, $5 response header (JSON), $6
 // response body, $7 response truncated (all three NULL without a stored
 // response) and $8 TTL in microseconds. It is exported for the same
-// benchmarks as ClaimSQL. The record's life counts from this statement
+// benchmarks as claimSQL. The record's life counts from this statement
 // (statement_timestamp), not from its transaction's start (now()): in a
 // command's transaction it is the last statement before the commit, so a
 // long transaction does not shorten its record's life.
-const CompleteSQL = `UPDATE idempotency_keys SET
+const completeSQL = `UPDATE idempotency_keys SET
 	state = 'succeeded',
 	status = $4,
 	resp_headers = $5,
@@ -138,12 +138,12 @@ WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.expires_at <= now()`
 const entryNames = `state, command_id, command_type, fingerprint, created_at, ends_at,
 	remaining_us, status, resp_headers, resp_body, resp_truncated`
 
-// ClaimBatchSQL is ClaimSQL for many keys of one tenant (group commit):
+// claimBatchSQL is claimSQL for many keys of one tenant (group commit):
 // $1 is the tenant, $2…$7 arrays with one element per claim (key, command
 // id, command type, owner, fingerprint, lease in microseconds), $8 the
 // lock grace. It is exported for the benchmarks that run the store's
-// statements without the store, as ClaimSQL is.
-const ClaimBatchSQL = `WITH input AS MATERIALIZED (
+// statements without the store, as claimSQL is.
+const claimBatchSQL = `WITH input AS MATERIALIZED (
 	SELECT * FROM unnest($2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::bytea[], $7::bigint[])
 		WITH ORDINALITY AS i(in_key, in_command_id, in_command_type, in_owner, in_fingerprint, in_lease_us, ord)
 ), ins AS (
@@ -166,14 +166,14 @@ FROM input i JOIN idempotency_keys k ON k.tenant_id = $1::uuid AND k.key = i.in_
 WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
 	AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.key = i.in_key)`
 
-// CompleteBatchSQL is CompleteSQL for many keys of one tenant (group
+// completeBatchSQL is completeSQL for many keys of one tenant (group
 // commit): $1 is the tenant, $2…$8 arrays with one element per completion
 // (key, owner, status, resp_headers as JSON text, body, truncated, TTL in
-// microseconds), exported as ClaimBatchSQL is. The rows are locked in
+// microseconds), exported as claimBatchSQL is. The rows are locked in
 // array order first: an UPDATE … FROM would touch them in whatever order
 // its join plan yields. The expiry is computed in the input, not in SET:
 // Citus refuses a STABLE function applied to a column in an UPDATE.
-const CompleteBatchSQL = `WITH input AS MATERIALIZED (
+const completeBatchSQL = `WITH input AS MATERIALIZED (
 	SELECT *, statement_timestamp() + in_ttl_us * interval '1 microsecond' AS in_expires_at
 	FROM unnest($2::text[], $3::uuid[], $4::int[], $5::text[], $6::bytea[], $7::bool[], $8::bigint[])
 		WITH ORDINALITY AS i(in_key, in_owner, in_status, in_headers, in_body, in_truncated, in_ttl_us, ord)
@@ -198,7 +198,7 @@ RETURNING l.ord`
 
 // releaseBatchSQL is releaseSQL for many keys of one tenant ($1; $2 and
 // $3 the arrays of keys and owners), locking in array order as
-// CompleteBatchSQL does.
+// completeBatchSQL does.
 const releaseBatchSQL = `WITH input AS MATERIALIZED (
 	SELECT * FROM unnest($2::text[], $3::uuid[])
 		WITH ORDINALITY AS i(in_key, in_owner, ord)

@@ -114,8 +114,8 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 	keys := []string{"a", "b"}
 	owners := []pgtype.UUID{owner, owner}
 	requestPath := map[string][]any{
-		"ClaimSQL":    claimParams(&c, 1),
-		"CompleteSQL": completeParams(&completeArgs{tenant: tenant, owner: c.Owner, key: "k", status: status, ttlUS: ttl}),
+		"claimSQL":    claimParams(&c, 1),
+		"completeSQL": completeParams(&completeArgs{tenant: tenant, owner: c.Owner, key: "k", status: status, ttlUS: ttl}),
 		"releaseSQL":  {pgUUID(tenant), "k", owner},
 		"renewSQL":    {pgUUID(tenant), "k", owner, int64(time.Minute / time.Microsecond), int64(1)},
 		"lookupSQL":   {pgUUID(tenant), "k"},
@@ -124,9 +124,9 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 		"listHeldSQL": {pgUUID(tenant), now, "", 10},
 		"holdSQL":     {pgUUID(tenant), "k", owner, ttl},
 		"resolveSQL":  {pgUUID(tenant), "k", owner, status, ttl},
-		"ClaimBatchSQL": {pgUUID(tenant), keys, owners, []string{"t", "t"}, owners,
+		"claimBatchSQL": {pgUUID(tenant), keys, owners, []string{"t", "t"}, owners,
 			[][]byte{c.Fingerprint[:], c.Fingerprint[:]}, []int64{1, 1}, int64(1)},
-		"CompleteBatchSQL": {pgUUID(tenant), keys, owners, []int32{status, status}, []pgtype.Text{{}, {}},
+		"completeBatchSQL": {pgUUID(tenant), keys, owners, []int32{status, status}, []pgtype.Text{{}, {}},
 			[][]byte{nil, nil}, []pgtype.Bool{{}, {}}, []int64{ttl, ttl}},
 		"releaseBatchSQL": {pgUUID(tenant), keys, owners},
 
@@ -224,7 +224,7 @@ func TestStatementsTouchOneTenant(t *testing.T) {
 var (
 	citusOnly = map[string]bool{"citusClaimSQL": true, "claimConflictSQL": true, "claimConflictBatchSQL": true,
 		"citusClaimValuesSQL(2)": true, "purgeAllSQL": true}
-	plainOnly = map[string]bool{"ClaimSQL": true, "ClaimBatchSQL": true, "purgeSQL": true}
+	plainOnly = map[string]bool{"claimSQL": true, "claimBatchSQL": true, "purgeSQL": true}
 )
 
 // checkCitusPlans asks Citus itself (TEST_DB_CITUS): on idempotency_keys

@@ -108,10 +108,6 @@ type Store struct {
 // empty.
 const DefaultPrefix = "idemproxy:"
 
-// CompleteSHA is the SHA-1 by which Complete calls its script
-// (EVALSHA), for tests that pick completions out of the traffic.
-var CompleteSHA = completeScript.Hash()
-
 // The scripts. Times are microseconds of Redis's clock, formatted with
 // %d (Lua numbers are doubles: exact to 2^53 µs, about 285 years). Each
 // declares its flags (Redis 7): those without allow-oom or no-writes are

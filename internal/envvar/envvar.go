@@ -1,4 +1,7 @@
-package proxy
+// Package envvar names the sidecar's environment variables for the Go
+// settings of idemproxy's packages, so that an error about a setting
+// names what the operator wrote.
+package envvar
 
 import "maps"
 
@@ -64,17 +67,17 @@ var variables = map[string]string{
 	"tenancy.Config.Audience":    "IDEMPROXY_JWT_AUDIENCE",
 }
 
-// Variable spells a Go setting (Struct.Field, as an *idemproxy.ConfigError
+// Name spells a Go setting (Struct.Field, as an *idemproxy.ConfigError
 // names it) as the environment variable that sets it in the sidecar, or
 // returns goName when no variable does. It is the sidecar's
 // idempotency.Config.Setting.
-func Variable(goName string) string {
+func Name(goName string) string {
 	if v, ok := variables[goName]; ok {
 		return v
 	}
 	return goName
 }
 
-// Variables returns every Go setting the sidecar sets from a variable,
-// with the variable's name.
-func Variables() map[string]string { return maps.Clone(variables) }
+// All returns every Go setting the sidecar sets from a variable, with the
+// variable's name.
+func All() map[string]string { return maps.Clone(variables) }
