@@ -63,7 +63,7 @@ func (w *discardWriter) Write(b []byte) (int, error) {
 // proxy) with the memory store, against the bare httputil.ReverseProxy
 // over the same in-process upstream. Run with
 //
-//	go test -run - -bench Middleware -benchmem ./cmd/idembench/
+//	go test -C cmd/idembench -run - -bench Middleware -benchmem .
 func BenchmarkMiddleware(b *testing.B) {
 	b.Run("bare", func(b *testing.B) {
 		rt := &answerTransport{}
