@@ -25,6 +25,12 @@
 // record in the command's own transaction, so that the command's writes
 // to that database and its record commit together (docs/exactly-once.md).
 //
+// Step.Derive returns a step with other policies (Overrides: mode, key
+// source, command type, timeouts, report-only) on the same store, for a
+// route of its own. CacheRecords puts a per-replica record cache in front
+// of a store; ParseKey, Fingerprint and CommandID are the pieces a program
+// may need on its own.
+//
 // The sidecar (package proxy) mounts the same step in front of a reverse
 // proxy through its lifecycle (internal/sidecar), which is not part of
 // this API.

@@ -4,9 +4,12 @@
 //
 // New builds the chain of chi middleware — request id, access log, panic
 // recovery, tenancy, idempotency — in front of an httputil.ReverseProxy.
-// NewAdmin serves the admin listener (health, readiness, Prometheus
-// metrics, the key API). NewMetrics makes the Prometheus collectors the
-// step's measurements go to, and Variable spells a library's Go setting as
-// the environment variable that sets it in the sidecar, for the messages
-// the sidecar shows.
+// Proxy.Drain and Close end it. Its route policies are a YAML file
+// (LoadRoutes, ParseRoutes; Proxy.SetRoutes and ReloadRoutes replace
+// them; RoutesInForce shows them). NewAdmin serves the admin listener
+// (health, readiness, Prometheus metrics, the key API whose JSON is
+// KeyList and KeyView, the on-call page); NewMetrics makes the Prometheus
+// collectors the step's measurements go to. LoadCertificates reads the
+// listener's TLS files, reloadable, and WriteTimeoutListener bounds a
+// write to a client that stopped reading.
 package proxy
