@@ -18,6 +18,8 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/stripe/stripe-go/v82"
+
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // outcome is what one client call ended in, after the client's own retries.
@@ -180,7 +182,7 @@ func needTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		unavailable(t, "%s not found: %v", name, err)
+		testenv.Unavailable(t, "%s not found: %v", name, err)
 	}
 	return p
 }
@@ -247,7 +249,7 @@ func runOpenAI(t *testing.T, baseURL, tenant, key string, timeout time.Duration,
 	t.Helper()
 	node := needTool(t, "node")
 	if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", "openai")); err != nil {
-		unavailable(t, "the openai SDK is not installed (run npm ci in compat/node): %v", err)
+		testenv.Unavailable(t, "the openai SDK is not installed (run npm ci in compat/node): %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callBound)
 	defer cancel()

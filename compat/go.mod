@@ -9,3 +9,8 @@ require (
 )
 
 require github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+
+// The harness that runs the sidecar is this checkout's (internal/sidecartest).
+require github.com/idemproxy/idemproxy v0.0.0
+
+replace github.com/idemproxy/idemproxy => ../

@@ -1,7 +1,6 @@
 package compat
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"crypto/rand"
@@ -15,16 +14,16 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemproxy/idemproxy/internal/sidecartest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // The timings every scenario shares: the upstream's first execution of a
@@ -50,12 +49,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "compat:", err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "idemproxy")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/idemproxy")
-	build.Dir = ".." // the parent module, whose dependencies these tests leave alone
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "compat: building the sidecar: %v\n%s", err, out)
+	if binary, err = sidecartest.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "compat:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
@@ -72,17 +67,6 @@ func newKey(prefix string) string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return prefix + "-" + hex.EncodeToString(b)
-}
-
-// unavailable skips t, or fails it under CI=true, where a missing service
-// is never a skip.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("required under CI=true: %s", msg)
-	}
-	t.Skipf("SKIPPING: %s (under CI=true this is a failure)", msg)
 }
 
 // reachable reports whether something accepts TCP connections at the host
@@ -105,7 +89,7 @@ func postgresURL(t *testing.T) string {
 	t.Helper()
 	u := cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	if err := reachable(u, "5432"); err != nil {
-		unavailable(t, "no Postgres at TEST_DATABASE_URL (%s): %v", u, err)
+		testenv.Unavailable(t, "no Postgres at TEST_DATABASE_URL (%s): %v", u, err)
 	}
 	return u
 }
@@ -116,7 +100,7 @@ func redisURL(t *testing.T) string {
 	t.Helper()
 	u := cmp.Or(os.Getenv("TEST_REDIS_URL"), "redis://127.0.0.1:6379/0")
 	if err := reachable(u, "6379"); err != nil {
-		unavailable(t, "no Redis at TEST_REDIS_URL (%s): %v", u, err)
+		testenv.Unavailable(t, "no Redis at TEST_REDIS_URL (%s): %v", u, err)
 	}
 	return u
 }
@@ -167,118 +151,12 @@ func (d deployment) start(t *testing.T, up *upstream, env map[string]string) (*f
 }
 
 // sidecar is one idemproxy process.
-type sidecar struct {
-	URL   string // the proxy listener, http://host:port
-	Admin string // the admin listener
-	logs  *lockedBuffer
-	cmd   *exec.Cmd
+type sidecar = sidecartest.Sidecar
 
-	done    chan struct{} // closed when the process has exited
-	exitErr error         // set before done is closed
-}
-
-// kill ends the process with SIGKILL, as a crash would, and waits for it.
-func (s *sidecar) kill() {
-	_ = s.cmd.Process.Kill()
-	<-s.done
-}
-
-// lockedBuffer is a bytes.Buffer safe for one writer and many readers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// startSidecar runs the binary with env (over loopback listeners on ports
-// the process picks and logs), waits until /readyz answers 200, and stops
-// it when t ends; the process's log is shown when t failed.
+// startSidecar runs the binary under test in front of upstream with env.
 func startSidecar(t *testing.T, upstream string, env map[string]string) *sidecar {
 	t.Helper()
-	vars := map[string]string{
-		"IDEMPROXY_UPSTREAM_URL": upstream,
-		"IDEMPROXY_LISTEN_ADDR":  "127.0.0.1:0",
-		"IDEMPROXY_ADMIN_ADDR":   "127.0.0.1:0",
-	}
-	for k, v := range env {
-		vars[k] = v
-	}
-	cmd := exec.Command(binary)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	for k, v := range vars {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	s := &sidecar{logs: &lockedBuffer{}, cmd: cmd, done: make(chan struct{})}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", binary, err)
-	}
-	addrs := make(chan [2]string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			s.logs.Write(append(line, '\n'))
-			var l struct{ Msg, Proxy, Admin string }
-			if json.Unmarshal(line, &l) == nil && l.Msg == "listening" {
-				select {
-				case addrs <- [2]string{l.Proxy, l.Admin}:
-				default:
-				}
-			}
-		}
-		s.exitErr = cmd.Wait()
-		close(s.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.done:
-		case <-time.After(15 * time.Second):
-			s.kill()
-		}
-		if t.Failed() {
-			t.Logf("sidecar %s (exit: %v) log:\n%s", s.URL, s.exitErr, s.logs)
-		}
-	})
-	select {
-	case a := <-addrs:
-		s.URL, s.Admin = "http://"+a[0], "http://"+a[1]
-	case <-s.done:
-		t.Fatalf("the sidecar exited before listening: %v", s.exitErr)
-	case <-time.After(60 * time.Second):
-		t.Fatal("the sidecar did not start listening within 60s")
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(s.Admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never answered 200 (last: %v)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return sidecartest.Start(t, binary, upstream, env)
 }
 
 // execution is one run of a command on the upstream.

@@ -189,7 +189,7 @@ func TestOwnerCrashed(t *testing.T) {
 		})
 		f.onAttempt(func(n int, a attempt) {
 			if n == 0 {
-				sidecars[a.Backend].kill()
+				sidecars[a.Backend].Kill()
 				f.pin(1 - a.Backend)
 			}
 		})

@@ -1,8 +1,6 @@
 package uitest
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,15 +9,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/idemproxy/idemproxy/internal/sidecartest"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 )
 
 // binary is the idemproxy executable under test: UITEST_BINARY when set,
@@ -35,29 +33,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "uitest:", err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "idemproxy")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/idemproxy")
-	build.Dir = ".." // the parent module, which never depends on chromedp
-	build.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "uitest: building the sidecar: %v\n%s", err, out)
+	if binary, err = sidecartest.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "uitest:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// unavailable skips t, or fails it under CI=true, where a missing browser
-// is never a skip.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("required under CI=true: %s", msg)
-	}
-	t.Skipf("SKIPPING: %s (under CI=true this is a failure)", msg)
 }
 
 // chromiumPath is CHROMIUM, or Debian's chromium (apt-get install
@@ -72,7 +55,7 @@ func chromiumPath(t *testing.T) string {
 			return p
 		}
 	}
-	unavailable(t, "no chromium in PATH (apt-get install -y chromium, or set CHROMIUM)")
+	testenv.Unavailable(t, "no chromium in PATH (apt-get install -y chromium, or set CHROMIUM)")
 	return ""
 }
 
@@ -103,101 +86,12 @@ func newBrowser(t *testing.T) *chromeTab {
 }
 
 // sidecar is one idemproxy process.
-type sidecar struct {
-	URL, Admin string
-	logs       *lockedBuffer
-}
+type sidecar = sidecartest.Sidecar
 
-// lockedBuffer is a bytes.Buffer safe for one writer and many readers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// startSidecar runs the binary with env in front of upstream, on loopback
-// ports it picks, waits until /readyz answers 200, and stops it when t
-// ends, showing its log when t failed.
+// startSidecar runs the binary under test in front of upstream with env.
 func startSidecar(t *testing.T, upstream string, env map[string]string) *sidecar {
 	t.Helper()
-	cmd := exec.Command(binary)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
-		"IDEMPROXY_UPSTREAM_URL=" + upstream, "IDEMPROXY_LISTEN_ADDR=127.0.0.1:0", "IDEMPROXY_ADMIN_ADDR=127.0.0.1:0"}
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	s := &sidecar{logs: &lockedBuffer{}}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", binary, err)
-	}
-	addrs, done := make(chan [2]string, 1), make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			s.logs.Write(append(line, '\n'))
-			var l struct{ Msg, Proxy, Admin string }
-			if json.Unmarshal(line, &l) == nil && l.Msg == "listening" {
-				select {
-				case addrs <- [2]string{l.Proxy, l.Admin}:
-				default:
-				}
-			}
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("sidecar log:\n%s", s.logs)
-		}
-	})
-	select {
-	case a := <-addrs:
-		s.URL, s.Admin = "http://"+a[0], "http://"+a[1]
-	case <-done:
-		t.Fatalf("the sidecar exited before listening:\n%s", s.logs)
-	case <-time.After(60 * time.Second):
-		t.Fatal("the sidecar did not start listening within 60s")
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(s.Admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never answered 200 (last: %v)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return sidecartest.Start(t, binary, upstream, env)
 }
 
 // upstream is a legacy payments service that counts its executions of

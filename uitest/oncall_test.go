@@ -135,7 +135,7 @@ func TestOnCallPage(t *testing.T) {
 	if n := up.executions("order-7"); n != 1 {
 		t.Errorf("the payment ran %d times upstream, want 1", n)
 	}
-	if !strings.Contains(s.logs.String(), `"audit":true`) {
+	if !strings.Contains(s.Logs.String(), `"audit":true`) {
 		t.Error("no audit line in the sidecar's log")
 	}
 
