@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -59,4 +60,13 @@ func ExampleStep_Middleware() {
 	// 201 replayed="" body="{\"order\":1}"
 	// 201 replayed="true" body=""
 	// orders created: 1
+}
+
+// A handler refuses a request as the step refuses its own: a client
+// reads the problem type and status the same way.
+func ExampleWriteProblem() {
+	rec := httptest.NewRecorder()
+	idempotency.WriteProblem(rec, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "amount must be positive"))
+	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
+	// Output: 400 application/problem+json
 }

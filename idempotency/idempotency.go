@@ -431,6 +431,14 @@ func (g *Step) writeProblem(w http.ResponseWriter, prob *idemproxy.Problem) {
 	problem.Write(w, prob)
 }
 
+// WriteProblem answers a request with p as an RFC 9457 problem+json
+// response, as the step writes its own: p's status, its Retry-After, its
+// type URI, title and detail, and its extensions. It is for a handler's
+// own refusals (and a tenancy.MiddlewareOptions.ErrorHandler), so that a
+// client reads them as it reads the step's. The step adds retry hints to
+// its own (Config.NoRetryHints); WriteProblem adds none.
+func WriteProblem(w http.ResponseWriter, p *idemproxy.Problem) { problem.Write(w, p) }
+
 // retryAfter is a wait in whole seconds, rounded down so that a wait cut
 // to a lease's remaining time never exceeds it, and at least 1.
 func retryAfter(wait time.Duration) int {

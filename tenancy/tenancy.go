@@ -457,7 +457,8 @@ type MiddlewareOptions struct {
 	Applies func(*http.Request) bool
 	// ErrorHandler answers a refused request: a bad token (401), a
 	// malformed tenant (400) or a tenant header that conflicts with the
-	// token (400). Nil writes p as problem+json.
+	// token (400). Nil writes p as problem+json (as idempotency.WriteProblem
+	// does).
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, p *idemproxy.Problem)
 }
 

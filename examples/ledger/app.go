@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy"
-	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/idempotency"
 	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/tenancy"
 )
@@ -134,23 +134,23 @@ ON CONFLICT (tenant_id, name) DO UPDATE SET balance = ledger_accounts.balance + 
 func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := tenancy.FromContext(r.Context())
 	if !ok {
-		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, "a transfer needs the X-Tenant-ID header"))
+		idempotency.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, "a transfer needs the X-Tenant-ID header"))
 		return
 	}
 	opts, p := parseTransferOptions(r)
 	if p != nil {
-		problem.Write(w, p)
+		idempotency.WriteProblem(w, p)
 		return
 	}
 	var req transferRequest
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the body must be a JSON transfer {from, to, amount, memo}: "+err.Error()))
+		idempotency.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, "the body must be a JSON transfer {from, to, amount, memo}: "+err.Error()))
 		return
 	}
 	if err := req.validate(); err != nil {
-		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, err.Error()))
+		idempotency.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInvalidBody, err.Error()))
 		return
 	}
 
@@ -174,7 +174,7 @@ func (a *app) transfer(w http.ResponseWriter, r *http.Request) {
 		a.afterWrites()
 	}
 	if opts.fail {
-		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "failed on request (fail=1) after the transfer's writes; they were rolled back"))
+		idempotency.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemInternal, "failed on request (fail=1) after the transfer's writes; they were rolled back"))
 		return
 	}
 	if opts.delay > 0 {
@@ -222,7 +222,7 @@ func apply(ctx context.Context, tx pgx.Tx, tenant uuid.UUID, req transferRequest
 func (a *app) account(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := tenancy.FromContext(r.Context())
 	if !ok {
-		problem.Write(w, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, "an account is read with the X-Tenant-ID header"))
+		idempotency.WriteProblem(w, idemproxy.NewProblem(idemproxy.ProblemTenantRequired, "an account is read with the X-Tenant-ID header"))
 		return
 	}
 	name := chi.URLParam(r, "name")
@@ -244,5 +244,5 @@ func (a *app) fail(w http.ResponseWriter, step string, err error) {
 	a.log.Error("ledger database", "step", step, "err", err)
 	p := idemproxy.NewProblem(idemproxy.ProblemStoreUnavailable, "the ledger's database could not be used; nothing was applied")
 	p.RetryAfter = 1
-	problem.Write(w, p)
+	idempotency.WriteProblem(w, p)
 }

@@ -8,12 +8,12 @@ package sidecartest
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,16 +25,19 @@ import (
 // workspace, and returns the binary's path. It is for a TestMain, before
 // any test runs.
 func Build(dir string) (string, error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("sidecartest: cannot locate the module")
+	// The module's directory as the go command sees it (through the
+	// calling module's replace), not this file's compiled-in path, which
+	// -trimpath makes relative.
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/idemproxy/idemproxy").Output()
+	if err != nil {
+		return "", fmt.Errorf("sidecartest: locating the module: %w", err)
 	}
 	binary := filepath.Join(dir, "idemproxy")
 	build := exec.Command("go", "build", "-o", binary, "./cmd/idemproxy")
-	build.Dir = filepath.Join(filepath.Dir(file), "..", "..") // the module's root
+	build.Dir = strings.TrimSpace(string(root))
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
-		return "", errors.New("building the sidecar: " + err.Error() + "\n" + string(out))
+		return "", fmt.Errorf("building the sidecar: %w\n%s", err, out)
 	}
 	return binary, nil
 }

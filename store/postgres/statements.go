@@ -41,8 +41,8 @@ const takeoverSet = `ON CONFLICT (tenant_id, key) DO UPDATE SET
 // microseconds). Under READ COMMITTED the second SELECT reads the
 // statement's snapshot, which may miss a row committed concurrently (or
 // show its older, ended version): the statement then returns no row and
-// Claim runs it again. It is exported for benchmarks that run the store's
-// statements without the store (cmd/idembench's pgbench script).
+// Claim runs it again. cmd/idembench's pgbench script runs it without the
+// store (TestPgbenchScriptMatchesStore keeps the two equal).
 const claimSQL = `WITH ins AS (
 	INSERT INTO idempotency_keys AS k
 		(tenant_id, key, command_id, command_type, state, owner_token, fingerprint,
@@ -65,8 +65,8 @@ WHERE tenant_id = $1 AND key = $2
 // held by the owner into a record, or changes no row. Its parameters: $1
 // tenant, $2 key, $3 owner, $4 status, $5 response header (JSON), $6
 // response body, $7 response truncated (all three NULL without a stored
-// response) and $8 TTL in microseconds. It is exported for the same
-// benchmarks as claimSQL. The record's life counts from this statement
+// response) and $8 TTL in microseconds; the pgbench script runs it too.
+// The record's life counts from this statement
 // (statement_timestamp), not from its transaction's start (now()): in a
 // command's transaction it is the last statement before the commit, so a
 // long transaction does not shorten its record's life.
@@ -141,8 +141,7 @@ const entryNames = `state, command_id, command_type, fingerprint, created_at, en
 // claimBatchSQL is claimSQL for many keys of one tenant (group commit):
 // $1 is the tenant, $2…$7 arrays with one element per claim (key, command
 // id, command type, owner, fingerprint, lease in microseconds), $8 the
-// lock grace. It is exported for the benchmarks that run the store's
-// statements without the store, as claimSQL is.
+// lock grace; the batched pgbench script runs it too.
 const claimBatchSQL = `WITH input AS MATERIALIZED (
 	SELECT * FROM unnest($2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::bytea[], $7::bigint[])
 		WITH ORDINALITY AS i(in_key, in_command_id, in_command_type, in_owner, in_fingerprint, in_lease_us, ord)
@@ -169,7 +168,7 @@ WHERE COALESCE(k.lease_expires_at, k.expires_at) > now()
 // completeBatchSQL is completeSQL for many keys of one tenant (group
 // commit): $1 is the tenant, $2…$8 arrays with one element per completion
 // (key, owner, status, resp_headers as JSON text, body, truncated, TTL in
-// microseconds), exported as claimBatchSQL is. The rows are locked in
+// microseconds); the batched pgbench script runs it too. The rows are locked in
 // array order first: an UPDATE … FROM would touch them in whatever order
 // its join plan yields. The expiry is computed in the input, not in SET:
 // Citus refuses a STABLE function applied to a column in an UPDATE.
