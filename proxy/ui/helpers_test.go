@@ -1,7 +1,6 @@
 package ui_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	"github.com/idemproxy/idemproxy"
 	"github.com/idemproxy/idemproxy/internal/fakeclock"
+	"github.com/idemproxy/idemproxy/internal/testenv"
 	"github.com/idemproxy/idemproxy/proxy/ui"
 	"github.com/idemproxy/idemproxy/store/memory"
 	"github.com/idemproxy/idemproxy/tenancy"
@@ -62,24 +61,13 @@ func newSite(t *testing.T, opts ...siteOption) *site {
 	return s
 }
 
-// logBuffer is a goroutine-safe buffer of JSON log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+// logBuffer is the JSON log lines the site wrote.
+type logBuffer struct{ testenv.Buffer }
 
 // lines returns the log lines that contain s.
 func (l *logBuffer) lines(s string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, line := range strings.Split(l.b.String(), "\n") {
+	for _, line := range strings.Split(l.String(), "\n") {
 		if strings.Contains(line, s) {
 			out = append(out, line)
 		}
