@@ -12,10 +12,12 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemproxy/idemproxy"
@@ -388,6 +390,8 @@ func (c *client) do(s *slot, keyHeader, tenant, body string) answer {
 	req.Header.Set("Idempotency-Key", keyHeader)
 	req.Header.Set("X-Tenant-ID", tenant)
 	req.Header.Set("Content-Type", "application/json")
+	var conn connTrace
+	req = req.WithContext(httptrace.WithClientTrace(ctx, conn.trace()))
 	a := answer{kind: kindAnswered, slot: inst.slot, gen: inst.gen}
 	resp, err := c.hc.Do(req)
 	var data []byte
@@ -396,20 +400,26 @@ func (c *client) do(s *slot, keyHeader, tenant, body string) answer {
 		resp.Body.Close()
 	}
 	if err != nil {
-		a.err = err
 		_, killed := inst.killed()
+		termAt, terminated := inst.terminated()
+		reused, connAt := conn.last()
 		switch {
 		case c.impatient && ctx.Err() != nil:
 			a.kind = kindGaveUp
 		case killed:
 			a.kind = kindKilled
-		case inst.terminated() && isDialError(err):
+		case terminated && isDialError(err):
 			// A draining replica refuses new connections; one it had
 			// accepted must still be answered.
+			a.kind = kindStopped
+		case terminated && !reused && !connAt.Before(termAt) && errors.Is(err, syscall.ECONNRESET):
+			// A connection the kernel completed after SIGTERM but the
+			// replica never accepted: closing the listener resets it.
 			a.kind = kindStopped
 		default:
 			a.kind = kindUnanswered
 		}
+		a.err = fmt.Errorf("%w (%s)", err, conn.describe(termAt, terminated))
 		c.stats.note(a)
 		return a
 	}
@@ -531,6 +541,47 @@ func wantHint(problem string, release bool) string {
 }
 
 // isDialError reports an error from before a connection existed.
+// connTrace notes the connection a request went out on (the last one,
+// when the transport retried it).
+type connTrace struct {
+	mu     sync.Mutex
+	got    bool
+	reused bool
+	at     time.Time
+}
+
+func (t *connTrace) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		t.mu.Lock()
+		t.got, t.reused, t.at = true, info.Reused, time.Now()
+		t.mu.Unlock()
+	}}
+}
+
+func (t *connTrace) last() (reused bool, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reused, t.at
+}
+
+// describe says which connection the request went out on, and when,
+// relative to the replica's SIGTERM.
+func (t *connTrace) describe(termAt time.Time, terminated bool) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.got {
+		return "no connection"
+	}
+	s := "fresh connection"
+	if t.reused {
+		s = "reused connection"
+	}
+	if terminated {
+		s += fmt.Sprintf(", got %s after SIGTERM", t.at.Sub(termAt).Round(time.Microsecond))
+	}
+	return s
+}
+
 func isDialError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"

@@ -293,12 +293,12 @@ func (inst *instance) killed() (time.Time, bool) {
 	return inst.killedAt, !inst.killedAt.IsZero()
 }
 
-// terminated reports whether the suite asked the instance to shut down
-// gracefully (SIGTERM).
-func (inst *instance) terminated() bool {
+// terminated reports whether, and when, the suite asked the instance to
+// shut down gracefully (SIGTERM).
+func (inst *instance) terminated() (time.Time, bool) {
 	inst.mu.Lock()
 	defer inst.mu.Unlock()
-	return !inst.termAt.IsZero()
+	return inst.termAt, !inst.termAt.IsZero()
 }
 
 // exited reports whether the process has ended.

@@ -287,8 +287,9 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer, hup *hangups) erro
 		log.Info("proxy listener serves TLS", "certificate", certs.Leaf().Subject.String(),
 			"not_after", certs.Leaf().NotAfter.UTC(), "client_certificates", certs.MutualTLS())
 	}
+	gentle := newGentleServer(proxySrv, servedLn)
 	errc := make(chan error, 2)
-	go func() { errc <- proxySrv.Serve(servedLn) }()
+	go func() { errc <- gentle.Serve() }()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 	warnReplayWithHeaderTenant(log, cfg)
 	hup.Started("neither IDEMPROXY_ROUTES_FILE nor the TLS files are set")
@@ -303,8 +304,9 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer, hup *hangups) erro
 	}
 
 	// Drain: readiness turns false first, so load balancers stop sending
-	// new requests; then the listener closes and every command in flight,
-	// detached upstream calls included, finishes and writes its record.
+	// new requests; then the listener closes, every request already on a
+	// connection is answered, and every command in flight, detached
+	// upstream calls included, finishes and writes its record.
 	draining.Store(true)
 	log.Info("shutting down: draining in-flight requests", "delay", cfg.ShutdownDelay.String())
 	time.Sleep(cfg.ShutdownDelay)
@@ -316,7 +318,7 @@ func serve(ctx context.Context, cfg Config, stdout io.Writer, hup *hangups) erro
 	// logs them). A budget that ran out is the shutdown doing what it
 	// should: it is logged, and the process ends normally.
 	var failed []error
-	for _, err := range []error{proxySrv.Shutdown(sctx), p.Drain(sctx), adminSrv.Shutdown(sctx)} {
+	for _, err := range []error{gentle.Shutdown(sctx), p.Drain(sctx), adminSrv.Shutdown(sctx)} {
 		if errors.Is(err, context.DeadlineExceeded) {
 			log.Warn("shutdown budget ended before every request did", "budget", cfg.drainBudget().String())
 			continue

@@ -234,21 +234,7 @@ func TestGracefulShutdown(t *testing.T) {
 	go func() { got <- post(t, s.proxy+"/orders", "drain-1", uuid.NewString(), "x") }()
 	<-entered
 	s.cancel()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get(s.admin + "/readyz")
-		if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
-			if resp != nil {
-				resp.Body.Close()
-			}
-			break
-		}
-		resp.Body.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz still 200 while draining")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitNotReady(t, s.admin)
 	close(gate)
 	resp := <-got
 	if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotency-Command-Id") == "" {
@@ -262,6 +248,80 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	if !strings.Contains(s.logs.String(), `"msg":"stopped"`) {
 		t.Fatalf("no clean stop in the logs:\n%s", s.logs)
+	}
+}
+
+// waitNotReady waits until /readyz stops answering 200.
+func waitNotReady(t *testing.T, admin string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(admin + "/readyz")
+		if err != nil || resp.StatusCode == http.StatusServiceUnavailable {
+			if resp != nil {
+				resp.Body.Close()
+			}
+			return
+		}
+		resp.Body.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz still 200 while draining")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestShutdownAnswersAcceptedConnection: a request on a connection the
+// proxy accepted before it began to shut down is answered (with
+// Connection: close) and forwarded once, even when it arrives after the
+// listener closed. net/http's own Shutdown would close that connection
+// without an answer.
+func TestShutdownAnswersAcceptedConnection(t *testing.T) {
+	up, calls := countingUpstream(t, nil)
+	s := startRun(t, nil, map[string]string{"IDEMPROXY_UPSTREAM_URL": up.URL})
+	addr := strings.TrimPrefix(s.proxy, "http://")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"item":"book"}`
+	if _, err := io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: idemproxy\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // accepted, its request half read
+	s.cancel()
+	waitNotReady(t, s.admin)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			break // the listener is closed
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy still accepts connections while draining")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rest := fmt.Sprintf("Idempotency-Key: drain-accepted\r\nX-Tenant-ID: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		uuid.NewString(), len(body), body)
+	if _, err := io.WriteString(conn, rest); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("the request on an accepted connection got no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || !resp.Close {
+		t.Fatalf("got %d (Connection: close %v), want 201 and the connection closed after it", resp.StatusCode, resp.Close)
+	}
+	if err := s.wait(t); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("upstream calls: got %d, want 1", calls.Load())
 	}
 }
 
