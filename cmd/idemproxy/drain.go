@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,42 +27,45 @@ type gentleServer struct {
 	ln  net.Listener
 
 	mu    sync.Mutex
-	fresh map[net.Conn]time.Time // accepted, no request handled yet
+	conns map[net.Conn]*accepted // open connections
 	once  sync.Once
 	lnErr error
 }
 
-type connKey struct{}
+// accepted is a connection the server accepted.
+type accepted struct {
+	at     time.Time
+	served atomic.Bool // a request reached the handler
+}
 
-// newGentleServer serves srv on ln; its ConnState, ConnContext and
+type acceptedKey struct{}
+
+// newGentleServer serves srv on ln; its ConnContext, ConnState and
 // Handler are wrapped to see which connections have had a request.
 func newGentleServer(srv *http.Server, ln net.Listener) *gentleServer {
-	g := &gentleServer{srv: srv, ln: ln, fresh: make(map[net.Conn]time.Time)}
+	g := &gentleServer{srv: srv, ln: ln, conns: make(map[net.Conn]*accepted)}
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
-		return context.WithValue(ctx, connKey{}, c)
+		a := &accepted{at: time.Now()}
+		g.mu.Lock()
+		g.conns[c] = a
+		g.mu.Unlock()
+		return context.WithValue(ctx, acceptedKey{}, a)
 	}
-	srv.ConnState = g.connState
+	srv.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateClosed || s == http.StateHijacked {
+			g.mu.Lock()
+			delete(g.conns, c)
+			g.mu.Unlock()
+		}
+	}
 	next := srv.Handler
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-			g.mu.Lock()
-			delete(g.fresh, c)
-			g.mu.Unlock()
+		if a, ok := r.Context().Value(acceptedKey{}).(*accepted); ok && !a.served.Load() {
+			a.served.Store(true)
 		}
 		next.ServeHTTP(w, r)
 	})
 	return g
-}
-
-func (g *gentleServer) connState(c net.Conn, s http.ConnState) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	switch s {
-	case http.StateNew:
-		g.fresh[c] = time.Now()
-	case http.StateClosed, http.StateHijacked:
-		delete(g.fresh, c)
-	}
 }
 
 // Serve accepts connections until Shutdown.
@@ -90,8 +94,8 @@ func (g *gentleServer) Shutdown(ctx context.Context) error {
 func (g *gentleServer) waiting() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, at := range g.fresh {
-		if time.Since(at) < firstRequestWait {
+	for _, a := range g.conns {
+		if !a.served.Load() && time.Since(a.at) < firstRequestWait {
 			return true
 		}
 	}
