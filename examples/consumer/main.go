@@ -54,12 +54,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemproxy/idemproxy/examples/internal/exampledb"
 	"github.com/idemproxy/idemproxy/idempotency"
-	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
@@ -122,7 +120,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
-	pool, err := openDatabase(ctx, cfg.databaseURL, log)
+	// idemproxy's migrations and the consumer's tables, on the service's one
+	// pool, which the idempotency store shares.
+	pool, err := exampledb.Open(ctx, cfg.databaseURL, "consumer", schemaSQL, log)
 	if err != nil {
 		return err
 	}
@@ -166,33 +166,3 @@ CREATE TABLE IF NOT EXISTS consumer_balances (
 	balance bigint NOT NULL DEFAULT 0,
 	PRIMARY KEY (tenant_id, account)
 )`
-
-// openDatabase applies idemproxy's migrations and the consumer's tables
-// at databaseURL and returns a pool on it, which the idempotency store
-// shares.
-func openDatabase(ctx context.Context, databaseURL string, log *slog.Logger) (*pgxpool.Pool, error) {
-	if _, err := migrations.Migrate(ctx, databaseURL, migrations.Up, log); err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, databaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("consumer database: %w", err)
-	}
-	if err := createTables(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("consumer tables: %w", err)
-	}
-	return pool, nil
-}
-
-// createTables runs schemaSQL under a transaction-level advisory lock, so
-// that processes starting together do not race to create the same tables.
-func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idemproxy example consumer schema'))`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, schemaSQL)
-		return err
-	})
-}

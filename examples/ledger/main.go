@@ -53,11 +53,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemproxy/idemproxy/examples/internal/exampledb"
 	"github.com/idemproxy/idemproxy/idempotency"
-	"github.com/idemproxy/idemproxy/migrations"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
@@ -113,7 +112,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	pool, err := openDatabase(ctx, cfg.databaseURL, log)
+	// idemproxy's migrations and the ledger's tables, on the service's one
+	// pool, which the idempotency store shares.
+	pool, err := exampledb.Open(ctx, cfg.databaseURL, "ledger", schemaSQL, log)
 	if err != nil {
 		return err
 	}
@@ -158,24 +159,6 @@ CREATE TABLE IF NOT EXISTS ledger_transfers (
 	created_at timestamptz NOT NULL
 )`
 
-// openDatabase applies idemproxy's migrations and the ledger's tables at
-// databaseURL and returns a pool on it: the one pool of the service, which
-// the idempotency store shares.
-func openDatabase(ctx context.Context, databaseURL string, log *slog.Logger) (*pgxpool.Pool, error) {
-	if _, err := migrations.Migrate(ctx, databaseURL, migrations.Up, log); err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, databaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("ledger database: %w", err)
-	}
-	if err := createTables(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("ledger tables: %w", err)
-	}
-	return pool, nil
-}
-
 // newStep is the idempotency step of the ledger, on the service's own pool.
 func newStep(pool *pgxpool.Pool, cfg config, log *slog.Logger) (*idempotency.Step, error) {
 	// The store's operations are bounded well inside a lock's lease, so
@@ -192,17 +175,5 @@ func newStep(pool *pgxpool.Pool, cfg config, log *slog.Logger) (*idempotency.Ste
 		LockTimeout:   cfg.lockTimeout,
 		StoreTimeout:  statementTimeout * 3 / 2,
 		Logger:        log,
-	})
-}
-
-// createTables runs schemaSQL under a transaction-level advisory lock, so
-// that processes starting together do not race to create the same tables.
-func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('idemproxy example ledger schema'))`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, schemaSQL)
-		return err
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemproxy/idemproxy/examples/internal/exampledb"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
@@ -40,7 +41,7 @@ func startLedger(t *testing.T, transactional bool) *ledger {
 	t.Helper()
 	dbURL := pgtest.MigratedSchema(t)
 	log := slog.New(slog.DiscardHandler)
-	pool, err := openDatabase(t.Context(), dbURL, log)
+	pool, err := exampledb.Open(t.Context(), dbURL, "ledger", schemaSQL, log)
 	if err != nil {
 		t.Fatal(err)
 	}
