@@ -2,6 +2,7 @@ package idemproxy_test
 
 import (
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,23 @@ func TestModuleGraph(t *testing.T) {
 			if strings.HasPrefix(m, banned) {
 				t.Errorf("the module graph holds %s", m)
 			}
+		}
+	}
+}
+
+// TestProxyFilesStaySmall: no file of package proxy's code is longer than
+// a reader takes in at once (330 lines); a longer one is two topics.
+func TestProxyFilesStaySmall(t *testing.T) {
+	files, err := filepath.Glob("proxy/*.go")
+	if err != nil || len(files) < 10 {
+		t.Fatalf("proxy/*.go: %d files, %v", len(files), err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		if n := strings.Count(read(t, f), "\n"); n > 330 {
+			t.Errorf("%s has %d lines, over 330: split it by topic", f, n)
 		}
 	}
 }
