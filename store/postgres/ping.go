@@ -36,10 +36,14 @@ const pingSQL = `SELECT to_regclass('idempotency_keys') IS NOT NULL,
 
 // heldAdmitted is whether the table admits held keys (state unknown,
 // migration 00003): a table whose state constraint predates them would
-// refuse every hold.
+// refuse every hold. The CASE deparses the store's own table's
+// constraint alone: a plain AND lets the planner deparse first, for
+// every table's constraint of that name in the database, and fail on one
+// whose table a concurrent DROP has just removed.
 const heldAdmitted = `NOT EXISTS (SELECT 1 FROM pg_constraint
 	WHERE conrelid = to_regclass('idempotency_keys') AND conname = 'idempotency_keys_state'
-		AND pg_get_constraintdef(oid) NOT LIKE '%''unknown''%')`
+		AND CASE WHEN conrelid = to_regclass('idempotency_keys')
+			THEN pg_get_constraintdef(oid) NOT LIKE '%''unknown''%' END)`
 
 // Ping reports whether the store can be used: the database answers, the
 // idempotency_keys table is in the search_path with every column the
