@@ -6,14 +6,5 @@
 -- the same key changes nothing.
 --
 -- No flags: a server out of memory refuses it, as it refuses the claim.
-local idx, created, life = KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
-if life > longest then
-  longest = life
-  redis.call('ZADD', idx, string.format('%d', -longest), '')
-end
-local keep = longest + 60000000
-redis.call('ZADD', idx, 'GT', ARGV[2], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
-redis.call('PEXPIRE', idx, string.format('%d', math.ceil(keep / 1000)))
+index(KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), true, true)
 return 1

@@ -8,15 +8,21 @@
 -- negative score, the longest life (µs) of an entry indexed there: keys
 -- older than that, and a minute for the clocks of a cluster's nodes, are
 -- of ended entries and are trimmed when trim is set, and the index
--- outlives its newest entry by as long.
-local function index(idx, member, created, life, trim)
+-- outlives its newest entry by as long. With onlyNewer, a member already
+-- at a later time stays there (a cluster's index update that arrives
+-- after a newer one of the same key).
+local function index(idx, member, created, life, trim, onlyNewer)
   local longest = -tonumber(redis.call('ZSCORE', idx, '') or 0)
   if life > longest then
     longest = life
     redis.call('ZADD', idx, string.format('%d', -longest), '')
   end
   local keep = longest + 60000000
-  redis.call('ZADD', idx, string.format('%d', created), member)
+  if onlyNewer then
+    redis.call('ZADD', idx, 'GT', string.format('%d', created), member)
+  else
+    redis.call('ZADD', idx, string.format('%d', created), member)
+  end
   if trim then
     redis.call('ZREMRANGEBYSCORE', idx, '0', string.format('(%d', created - keep))
   end

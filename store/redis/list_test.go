@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -354,5 +355,25 @@ func TestRedisRenewKeepsIndexed(t *testing.T) {
 	ttl, err := r.c.PTTL(t.Context(), r.indexKey(tenant)).Result()
 	if err != nil || ttl < time.Hour {
 		t.Errorf("the index expires in %s (%v), want at least the renewed lock's life", ttl, err)
+	}
+}
+
+// TestClusterIndexUpdateKeepsTheNewer: on a cluster the index is updated
+// by a script of its own after the entry's, so two updates of one key can
+// arrive out of order; the older one must not move the key back in time.
+func TestClusterIndexUpdateKeepsTheNewer(t *testing.T) {
+	rdb := redistest.Client(t, redistest.SharedURL(t))
+	idx := "idemproxy-test:{" + uuid.NewString() + "}:idx"
+	t.Cleanup(func() { rdb.Del(context.Background(), idx) })
+	const life = int64(time.Hour / time.Microsecond)
+	now := time.Now().UnixMicro()
+	for _, created := range []int64{now, now - 1000} { // the newer update first
+		if err := indexScript.Run(t.Context(), rdb, []string{idx}, "k", created, life).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := rdb.ZScore(t.Context(), idx, "k").Result()
+	if err != nil || int64(got) != now {
+		t.Fatalf("key k indexed at %v (%v), want the newer time %d", int64(got), err, now)
 	}
 }

@@ -143,7 +143,7 @@ var (
 	resolveScript = newLuaScript(withIndexFn(resolveLua))
 	//go:embed index.lua
 	indexLua    string
-	indexScript = newLuaScript(indexLua)
+	indexScript = newLuaScript(withIndexFn(indexLua))
 	//go:embed reindex.lua
 	reindexLua    string
 	reindexScript = newLuaScript(reindexLua)
